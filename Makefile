@@ -1,0 +1,53 @@
+# distinit: one entry point for set-up, the main job, tests, lint and benchmarks.
+# Every target creates .venv on first use: torch first (TORCH_SPEC), then distinit in editable mode.
+# GPU users: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" test
+
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN        := $(VENV)/bin
+STAMP      := $(VENV)/.distinit-installed
+PYTEST_ARGS ?=
+
+.PHONY: all venv system demo test lint unit integration bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[test,dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+# Slurm, munge, Open MPI, MPICH, PMIx, nftables, iproute2 for the launcher tests (root only; idempotent).
+system:
+	@bash scripts/install-system-deps.sh
+
+# The main job: a local 4-process torchrun world that resolves its environment, checks itself with a
+# real gloo all_gather, and explains where every value came from.
+demo: $(STAMP)
+	$(BIN)/torchrun --standalone --nproc-per-node=4 --no-python $(BIN)/distinit env --explain --check
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+integration: $(STAMP) system
+	$(BIN)/python -m pytest tests/integration -q $(PYTEST_ARGS)
+
+# The README's test command: system packages, venv, lint, then every test.
+test: $(STAMP) system lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

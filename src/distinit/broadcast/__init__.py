@@ -1,0 +1,3 @@
+"""distinit.broadcast (under construction)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""distinit.init (under construction)."""
+
+__all__: list[str] = []

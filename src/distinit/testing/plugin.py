@@ -1,0 +1,1 @@
+"""The distinit pytest plugin (registered through the ``pytest11`` entry point)."""

@@ -1,0 +1,3 @@
+"""distinit.watchdog (under construction)."""
+
+__all__: list[str] = []
