@@ -1,0 +1,110 @@
+"""``distinit watchdog serve``: the server as a standalone daemon that runs until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from distinit.watchdog._server import WatchdogServer
+
+
+def serve(
+    path: str | None = None,
+    grace: float = 5.0,
+    events: str | None = None,
+    *,
+    dump_stacks: bool = True,
+    kill_group: bool = False,
+    resolution: float = 0.02,
+) -> int:
+    """Run a :class:`WatchdogServer` in this process until SIGTERM or SIGINT; returns the exit status (0).
+
+    Must be called from the main thread (it installs the signal handlers, and restores them on return).
+
+    Raises:
+        WatchdogError: the server could not start (see :meth:`WatchdogServer.start`).
+    """
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with WatchdogServer(
+            path,
+            grace=grace,
+            dump_stacks=dump_stacks,
+            events=events,
+            kill_group=kill_group,
+            resolution=resolution,
+        ):
+            while not stop.wait(1.0):
+                pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``serve`` options (--path, --grace, --events, --no-dump-stacks, --kill-group, --resolution)."""
+    parser.add_argument(
+        "--path",
+        default=None,
+        help="watchdog directory (default: $DISTINIT_WATCHDOG or /dev/shm/distinit-watchdog-<uid>)",
+    )
+    parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (default 5)")
+    parser.add_argument("--events", default=None, help="append one JSON line per event to this file")
+    parser.add_argument(
+        "--no-dump-stacks",
+        dest="dump_stacks",
+        action="store_false",
+        help="do not ask workers for a stack dump before killing them",
+    )
+    parser.add_argument("--kill-group", action="store_true", help="also signal the worker's process group")
+    parser.add_argument(
+        "--resolution",
+        type=float,
+        default=0.02,
+        help="longest sleep between deadline checks, seconds (default 0.02)",
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run :func:`serve` with parsed ``serve`` arguments."""
+    return serve(
+        args.path,
+        args.grace,
+        args.events,
+        dump_stacks=args.dump_stacks,
+        kill_group=args.kill_group,
+        resolution=args.resolution,
+    )
+
+
+def add_watchdog_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``watchdog serve`` on a CLI's subparsers; the parsed namespace's ``func`` runs it."""
+    wd = subparsers.add_parser("watchdog", help="same-host watchdog that kills hung workers")
+    sub = wd.add_subparsers(dest="watchdog_command", required=True)
+    serve_parser = sub.add_parser("serve", help="run the watchdog server until SIGTERM/SIGINT")
+    add_serve_arguments(serve_parser)
+    serve_parser.set_defaults(func=run_from_args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m distinit.watchdog._daemon`` (tests); users run ``distinit watchdog serve``."""
+    parser = argparse.ArgumentParser(prog="python -m distinit.watchdog._daemon")
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run_from_args(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

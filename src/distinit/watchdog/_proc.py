@@ -1,0 +1,167 @@
+"""Process identity from the kernel: pidfds, procfs start times, signals that cannot hit a reused pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass, field
+
+_PIDFD_SUPPORTED: bool | None = None
+
+
+def pidfd_supported() -> bool:
+    """Whether this kernel and Python offer ``pidfd_open`` and ``pidfd_send_signal`` (Linux ≥ 5.3)."""
+    global _PIDFD_SUPPORTED
+    if _PIDFD_SUPPORTED is None:
+        ok = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+        if ok:
+            try:
+                fd = os.pidfd_open(os.getpid())
+            except OSError:  # ENOSYS on old kernels, EPERM under some seccomp profiles
+                ok = False
+            else:
+                os.close(fd)
+        _PIDFD_SUPPORTED = ok
+    return _PIDFD_SUPPORTED
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3.. of ``/proc/<pid>/stat`` (after the command name), or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    return raw[raw.rfind(b")") + 2 :].decode("ascii", "replace").split()
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (procfs field 22), None if it does not exist."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+
+
+def state(pid: int) -> str | None:
+    """The process's one-letter state (R, S, D, T, t, Z, ...), None if it does not exist."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def owner_uid(pid: int) -> int | None:
+    """The real uid owning ``/proc/<pid>``, None if the process does not exist."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def is_protected(pid: int) -> bool:
+    """True for pids the watchdog must never signal: itself, its parent, init and the kernel's pid 0."""
+    return pid <= 1 or pid == os.getpid() or pid == os.getppid()
+
+
+@dataclass
+class ProcessRef:
+    """A verified handle on one live process: pid, start time and (where supported) a pidfd.
+
+    With a pidfd, signals go through ``pidfd_send_signal``, which fails with ``ProcessLookupError`` once the
+    process has exited, so a recycled pid can never be hit. Without one, the start time is re-read from procfs
+    right before every signal and the signal is skipped when it no longer matches.
+    """
+
+    pid: int
+    start: int
+    pidfd: int | None = None
+    pgid: int | None = None
+    _closed: bool = field(default=False, repr=False)
+
+    @classmethod
+    def open(cls, pid: int, expected_start: int | None = None, *, use_pidfd: bool = True) -> ProcessRef | None:
+        """Open a handle on ``pid``; None when it is gone, protected, or its start time is not the expected."""
+        if is_protected(pid):
+            return None
+        pidfd: int | None = None
+        if use_pidfd and pidfd_supported():
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                return None
+        # Read the start time *after* opening the pidfd: if it still matches, the pidfd names that process.
+        start = start_time(pid)
+        if start is None or (expected_start is not None and start != expected_start) or state(pid) == "Z":
+            if pidfd is not None:
+                os.close(pidfd)
+            return None
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            pgid = None
+        return cls(pid=pid, start=start, pidfd=pidfd, pgid=pgid)
+
+    def matches(self) -> bool:
+        """Whether the pid still names the same, not yet exited process."""
+        return start_time(self.pid) == self.start and state(self.pid) not in (None, "Z", "X")
+
+    def alive(self) -> bool:
+        """Whether the process has not exited (a zombie counts as exited)."""
+        if self.pidfd is not None and not self._closed:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            if poller.poll(0):
+                return False
+        return self.matches()
+
+    def send(self, sig: int) -> bool:
+        """Send ``sig`` to this exact process; False (nothing sent) if it has exited or its pid was reused."""
+        if is_protected(self.pid):
+            return False
+        try:
+            if self.pidfd is not None and not self._closed:
+                signal.pidfd_send_signal(self.pidfd, sig)
+                return True
+            if not self.matches():
+                return False
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def send_group(self, sig: int) -> bool:
+        """Send ``sig`` to the worker's process group unless it is ours; False if nothing was sent."""
+        if self.pgid is None or self.pgid <= 1 or self.pgid == os.getpgrp() or not self.matches():
+            return False
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the process to exit; True if it has."""
+        deadline = time.monotonic() + timeout
+        if self.pidfd is not None and not self._closed:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            while True:
+                left = deadline - time.monotonic()
+                if poller.poll(max(0, int(left * 1000) + 1)):
+                    return True
+                if left <= 0:
+                    return not self.matches()
+        while True:
+            if not self.matches():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        """Release the pidfd (idempotent)."""
+        if self.pidfd is not None and not self._closed:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
