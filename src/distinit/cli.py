@@ -1,0 +1,195 @@
+"""The ``distinit`` command: the only module that prints or configures logging.
+
+``distinit env`` prints the resolved world (``--json``, ``--explain``, ``--export-shell``) and can check
+it for real (``--check``: form a gloo group with the exported values and verify every rank appears once).
+Exit status: 0 ok, 2 bad environment, 3 the world check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from distinit.env import DistEnv, env_from_scheduler
+from distinit.errors import DistinitError, SchedulerEnvError
+
+EXIT_OK = 0
+EXIT_BAD_ENV = 2
+EXIT_CHECK_FAILED = 3
+
+_FIELDS = (
+    "rank",
+    "local_rank",
+    "world_size",
+    "local_world_size",
+    "node_rank",
+    "num_nodes",
+    "master_addr",
+    "master_port",
+    "launcher",
+    "job_id",
+    "restart_count",
+)
+#: Bytes per rank in the identity all_gather of ``--check``.
+_IDENTITY_BYTES = 512
+
+
+def _explain(env: DistEnv) -> str:
+    lines = [f"distinit env: rank {env.rank} of {env.world_size}, launcher {env.launcher}"]
+    width = max(len(name) for name in _FIELDS)
+    for name in _FIELDS:
+        value = getattr(env, name)
+        shown = "unknown" if value is None else str(value)
+        origin = ", ".join(env.sources.get(name, ())) or ("-" if value is not None else "")
+        lines.append(f"  {name:<{width}}  {shown:<20}  {origin}".rstrip())
+    if env.notes:
+        lines.append("  notes:")
+        lines.extend(f"    - {note}" for note in env.notes)
+    exported = " ".join(f"{key}={value}" for key, value in env.to_environ().items())
+    lines.append(f"  exports: {exported}")
+    return "\n".join(lines)
+
+
+def _export_shell(env: DistEnv) -> str:
+    return "\n".join(f"export {key}={shlex.quote(value)}" for key, value in env.to_environ().items())
+
+
+def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
+    """Form a real gloo group from ``env`` (exported first) and verify the world it describes.
+
+    Every rank all-reduces its rank and all-gathers its identity (rank, local rank, node rank,
+    host, pid) as JSON bytes in a fixed-size uint8 tensor: no pickle crosses the wire. The check
+    passes when the sum matches, every rank appears exactly once, and no two ranks share a
+    (node, local rank) pair.
+
+    Raises:
+        SchedulerEnvError: MASTER_ADDR or MASTER_PORT is unknown for a multi-process world.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if env.world_size > 1 and (env.master_addr is None or env.master_port is None):
+        missing = [
+            name
+            for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port))
+            if value is None
+        ]
+        raise SchedulerEnvError(
+            f"cannot check a {env.world_size}-process world: {' and '.join(missing)} unknown.",
+            variables=tuple(missing),
+            fix="pass them to every process, e.g. `mpirun -x MASTER_ADDR=<rank 0 host> -x MASTER_PORT=<port>`.",
+        )
+    env.export()
+    if env.world_size == 1 and env.master_port is None:
+        store = dist.HashStore()  # type: ignore[attr-defined]  # re-exported from torch._C
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=timeout))
+    else:
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+    try:
+        total = torch.tensor([env.rank], dtype=torch.int64)
+        dist.all_reduce(total)
+        identity = [env.rank, env.local_rank, env.node_rank, socket.gethostname()[:200], os.getpid()]
+        raw = json.dumps(identity).encode()
+        mine = torch.zeros(_IDENTITY_BYTES, dtype=torch.uint8)
+        mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        gathered = [torch.zeros(_IDENTITY_BYTES, dtype=torch.uint8) for _ in range(env.world_size)]
+        dist.all_gather(gathered, mine)
+    finally:
+        dist.destroy_process_group()
+    peers = [json.loads(bytes(t.tolist()).rstrip(b"\0").decode()) for t in gathered]
+    expected = env.world_size * (env.world_size - 1) // 2
+    problems = []
+    if int(total.item()) != expected:
+        problems.append(f"all_reduce of ranks gave {int(total.item())}, expected {expected}")
+    ranks = sorted(peer[0] for peer in peers)
+    if ranks != list(range(env.world_size)):
+        problems.append(f"ranks seen {ranks}, expected each of 0..{env.world_size - 1} once")
+    slots = [(peer[2], peer[1]) for peer in peers if peer[2] is not None]
+    if len(set(slots)) != len(slots):
+        problems.append(f"two ranks share a (node_rank, local_rank) pair: {sorted(slots)}")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "all_reduce_sum": int(total.item()),
+        "expected_sum": expected,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "peers": peers,
+    }
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    try:
+        env = env_from_scheduler(strict=not args.no_strict)
+    except SchedulerEnvError as exc:
+        print(f"distinit env: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ENV
+    check: dict[str, Any] | None = None
+    if args.check:
+        try:
+            check = check_world(env, timeout=args.check_timeout)
+        except SchedulerEnvError as exc:
+            print(f"distinit env: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_BAD_ENV
+        except (RuntimeError, ValueError, OSError) as exc:  # torch reports store/gloo failures as these
+            check = {"ok": False, "problems": [f"{type(exc).__name__}: {exc}"]}
+    if args.json:
+        document = env.model_dump(mode="json")
+        if check is not None:
+            document["check"] = check
+        out = json.dumps(document, sort_keys=True)
+    elif args.export_shell:
+        out = _export_shell(env)
+    else:
+        out = _explain(env) if args.explain else " ".join(f"{k}={v}" for k, v in env.to_environ().items())
+        if check is not None:
+            verdict = "ok" if check["ok"] else "FAILED: " + "; ".join(check["problems"])
+            out += f"\n  check: {verdict}"
+            if check["ok"] and env.rank == 0:
+                out += f" ({env.world_size} ranks formed a gloo group; all_reduce and all_gather agree)"
+    # One write per process, so ranks launched together do not interleave mid-block.
+    sys.stdout.write(out + "\n")
+    sys.stdout.flush()
+    return EXIT_OK if check is None or check["ok"] else EXIT_CHECK_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``distinit`` argument parser."""
+    parser = argparse.ArgumentParser(prog="distinit", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    env = commands.add_parser("env", help="print the torch world resolved from launcher variables")
+    shape = env.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="one JSON line with every field, sources and notes")
+    shape.add_argument("--explain", action="store_true", help="where each value came from, and every note")
+    shape.add_argument("--export-shell", action="store_true", help="`export NAME=value` lines for eval")
+    env.add_argument("--no-strict", action="store_true", help="treat 'not launched' as a single process")
+    env.add_argument("--check", action="store_true", help="form a real gloo group and verify the world")
+    env.add_argument("--check-timeout", type=float, default=60.0, metavar="S", help="bound for --check (60 s)")
+    env.set_defaults(handler=_cmd_env)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``distinit`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        status: int = args.handler(args)
+    except DistinitError as exc:
+        print(f"distinit: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ENV
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

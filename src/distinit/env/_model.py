@@ -1,0 +1,116 @@
+"""``DistEnv``: the resolved torch world of one process, immutable, with provenance."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Short names of the launchers and schedulers ``env_from_scheduler`` recognises.
+Launcher = Literal[
+    "slurm",
+    "openmpi",
+    "mpich",
+    "mvapich2",
+    "pals",
+    "lsf",
+    "torchrun",
+    "kubeflow",
+    "azureml",
+    "sagemaker",
+    "vertex",
+    "deepspeed",
+    "horovod",
+    "env",
+    "none",
+]
+
+
+class DistEnv(BaseModel):
+    """The torch world of this process, resolved from launcher variables. Immutable.
+
+    ``None`` means *unknown*, never a guess: distinit does not invent a node rank or a master
+    address it cannot justify. Every value's origin is in ``sources`` (field → variables or rule)
+    and every assumption or warning is in ``notes``.
+
+    Attributes:
+        rank: global rank, ``0 <= rank < world_size``.
+        local_rank: rank among the processes of this node.
+        world_size: number of processes in the world.
+        local_world_size: number of processes on this node, when known.
+        node_rank: index of this node (torchrun's ``GROUP_RANK``), when known.
+        num_nodes: number of nodes, when known.
+        master_addr: host of rank 0's store, when known.
+        master_port: port of rank 0's store, when known.
+        launcher: short name of the innermost launcher (``"none"`` when not launched).
+        job_id: the scheduler's job or run id, when there is one.
+        restart_count: how many times the launcher restarted this job (torchrun, Slurm requeue).
+        sources: field name → the variables or the rule the value came from.
+        notes: assumptions made and warnings, in words.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=0)
+    local_rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    local_world_size: int | None = Field(default=None, ge=1)
+    node_rank: int | None = Field(default=None, ge=0)
+    num_nodes: int | None = Field(default=None, ge=1)
+    master_addr: str | None = Field(default=None, min_length=1)
+    master_port: int | None = Field(default=None, ge=1, le=65535)
+    launcher: Launcher
+    job_id: str | None = None
+    restart_count: int = Field(default=0, ge=0)
+    sources: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_invariants(self) -> DistEnv:
+        # A backstop only: the resolver raises SchedulerEnvError naming the variables first.
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        if self.local_world_size is not None:
+            if self.local_rank >= self.local_world_size:
+                raise ValueError(f"local_rank {self.local_rank} is not below local_world_size {self.local_world_size}")
+            if self.local_world_size > self.world_size:
+                raise ValueError(f"local_world_size {self.local_world_size} exceeds world_size {self.world_size}")
+        elif self.local_rank >= self.world_size:
+            raise ValueError(f"local_rank {self.local_rank} is not below world_size {self.world_size}")
+        if self.num_nodes is not None:
+            if self.num_nodes > self.world_size:
+                raise ValueError(f"num_nodes {self.num_nodes} exceeds world_size {self.world_size}")
+            if self.node_rank is not None and self.node_rank >= self.num_nodes:
+                raise ValueError(f"node_rank {self.node_rank} is not below num_nodes {self.num_nodes}")
+        return self
+
+    def to_environ(self) -> dict[str, str]:
+        """The torch variables for this world, as strings.
+
+        Always ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; ``LOCAL_WORLD_SIZE``, ``NODE_RANK`` and
+        ``GROUP_RANK`` (both the node rank), ``MASTER_ADDR`` and ``MASTER_PORT`` only where known.
+        """
+        environ = {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+        }
+        if self.local_world_size is not None:
+            environ["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
+        if self.node_rank is not None:
+            environ["NODE_RANK"] = str(self.node_rank)
+            environ["GROUP_RANK"] = str(self.node_rank)
+        if self.master_addr is not None:
+            environ["MASTER_ADDR"] = self.master_addr
+        if self.master_port is not None:
+            environ["MASTER_PORT"] = str(self.master_port)
+        return environ
+
+    def export(self) -> None:
+        """Write :meth:`to_environ` into ``os.environ`` so ``init_process_group("env://")`` finds it.
+
+        Variables this world does not know (say ``MASTER_ADDR`` under a plain multi-node
+        ``mpirun``) are left as they are; pass them with the launcher (``mpirun -x MASTER_ADDR``).
+        """
+        os.environ.update(self.to_environ())
