@@ -113,11 +113,33 @@ class RendezvousError(DistinitError):
 
     Attributes:
         rank: the rank of the process raising, when known.
+        master: the rendezvous endpoint as ``"addr:port"``, when known.
+        generation: the rendezvous generation (attempt round on the store), when known.
+        ranks: the ranks at fault (the duplicated rank, the missing ranks), possibly empty.
+        claimants: ``"host pid N"`` of each process involved (duplicate claims, world-size votes).
+        attempts: one line per attempt saying what it saw (deadline errors).
     """
 
-    def __init__(self, what: str, *, rank: int | None = None, why: str = "", fix: str = "") -> None:
+    def __init__(
+        self,
+        what: str,
+        *,
+        rank: int | None = None,
+        why: str = "",
+        fix: str = "",
+        master: str | None = None,
+        generation: int | None = None,
+        ranks: tuple[int, ...] = (),
+        claimants: tuple[str, ...] = (),
+        attempts: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(what, why=why, fix=fix)
         self.rank = rank
+        self.master = master
+        self.generation = generation
+        self.ranks = tuple(ranks)
+        self.claimants = tuple(claimants)
+        self.attempts = tuple(attempts)
 
 
 class DuplicateRankError(RendezvousError):
@@ -141,7 +163,42 @@ class RendezvousTimeoutError(RendezvousError):
 
 
 class BroadcastMismatchError(DistinitError):
-    """Ranks of a broadcast disagree (src, shape, dtype, device, schema, keys); raised on every rank."""
+    """Ranks of a broadcast disagree (src, shape, dtype, device, schema, keys); raised on every rank.
+
+    The wording is composed from the facts in one place (``distinit.broadcast._mismatch``), so the
+    error is identical on every rank of the group.
+
+    Attributes:
+        call: the API call, e.g. ``"broadcast_tensor"``.
+        seq: the call's sequence number in its group (``#12`` in the message).
+        field: what the ranks disagree on: ``"src"``, ``"shape"``, ``"dtype"``, ``"device"``,
+            ``"schema"``, ``"keys"``, ``"metadata"``, ``"call"``, ``"sequence"``, ``"argument"``,
+            ``"payload"``, ``"timeout"`` or ``"protocol"``.
+        src: the group-local source rank (as the majority passed it; ``None`` when unknown).
+        views: each group rank's view of ``field``, in words (``{0: "sends float32[2, 3]", ...}``).
+        ranks: the group ranks at fault.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        call: str = "",
+        seq: int = -1,
+        field: str = "",
+        src: int | None = None,
+        views: dict[int, str] | None = None,
+        ranks: tuple[int, ...] = (),
+        why: str = "",
+        fix: str = "",
+    ) -> None:
+        super().__init__(what, why=why, fix=fix)
+        self.call = call
+        self.seq = seq
+        self.field = field
+        self.src = src
+        self.views = dict(views or {})
+        self.ranks = tuple(ranks)
 
 
 class WatchdogError(DistinitError):
@@ -149,4 +206,34 @@ class WatchdogError(DistinitError):
 
 
 class DistributedTestError(DistinitError):
-    """One or more ranks of a distributed test failed, crashed or hung."""
+    """One or more ranks of a distributed test failed, crashed or hung.
+
+    Attributes:
+        failures: failed rank -> one-line summary ("raised ValueError: boom", "was killed by SIGKILL").
+        details: rank -> its full section (traceback or Python stack, stdout and stderr prefixed by rank),
+            for failed ranks and for ranks the harness stopped; printed after ``why``/``fix``.
+        world_size: number of ranks of the run.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        failures: dict[int, str] | None = None,
+        details: dict[int, str] | None = None,
+        world_size: int | None = None,
+        why: str = "",
+        fix: str = "",
+    ) -> None:
+        super().__init__(what, why=why, fix=fix)
+        self.failures = dict(failures or {})
+        self.details = dict(details or {})
+        self.world_size = world_size
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The failed ranks, in ascending order."""
+        return tuple(sorted(self.failures))
+
+    def __str__(self) -> str:
+        return "\n".join([super().__str__(), *self.details.values()])

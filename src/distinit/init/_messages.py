@@ -1,0 +1,252 @@
+"""Every rendezvous error message, composed in one place from facts (what / why / fix).
+
+Raise sites pass facts; this module words them. A collective verdict (duplicate rank, world-size
+mismatch) is turned into JSON, published on the store, and rebuilt identically on every rank by
+:func:`verdict_from_json` (JSON only: we never unpickle bytes from a peer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from distinit.errors import (
+    DuplicateRankError,
+    MasterUnreachableError,
+    PortInUseError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    WorldSizeMismatchError,
+)
+
+#: Errors that may travel as a verdict on the store (whitelist for :func:`verdict_from_json`).
+_VERDICT_CLASSES: dict[str, type[RendezvousError]] = {
+    cls.__name__: cls for cls in (RendezvousError, DuplicateRankError, WorldSizeMismatchError)
+}
+
+
+def _ranks(ranks: Sequence[int], limit: int = 32) -> str:
+    shown = ", ".join(str(r) for r in list(ranks)[:limit])
+    more = f", ... ({len(ranks) - limit} more)" if len(ranks) > limit else ""
+    return f"[{shown}{more}]"
+
+
+def duplicate_rank(
+    *, rank: int, master: str, generation: int, first: str, second: str, local_rank: int | None
+) -> DuplicateRankError:
+    """Two processes claimed ``rank``: ``first`` got there first, ``second`` is the latecomer."""
+    return DuplicateRankError(
+        f"rank {rank} was claimed twice at rendezvous {master} (generation {generation}): by {first} and by "
+        f"{second}. Not retried: waiting cannot fix it.",
+        rank=local_rank,
+        why="both processes were given the same RANK; often RANK = NODE_RANK*nproc + LOCAL_RANK with NODE_RANK "
+        "unset or equal on several hosts, or a stale process of a previous run is still alive.",
+        fix="call distinit.env_from_scheduler(export=True) before init instead of computing RANK, export a "
+        "distinct NODE_RANK per host, or stop the leftover process (pid above).",
+        master=master,
+        generation=generation,
+        ranks=(rank,),
+        claimants=(first, second),
+    )
+
+
+def world_size_mismatch(
+    *, master: str, generation: int, first: tuple[int, int, str], second: tuple[int, int, str], local_rank: int
+) -> WorldSizeMismatchError:
+    """Ranks disagree on the world size; ``first``/``second`` are ``(rank, world_size, "host pid N")``."""
+    (r1, w1, who1), (r2, w2, who2) = first, second
+    return WorldSizeMismatchError(
+        f"world size mismatch at rendezvous {master} (generation {generation}): rank {r2} says {w2} "
+        f"({who2}), rank {r1} says {w1} ({who1}). Not retried: waiting cannot fix it.",
+        rank=local_rank,
+        why="the processes were started with different WORLD_SIZE values (a stale export, a job script "
+        "computing it per host, or two jobs sharing MASTER_ADDR:MASTER_PORT).",
+        fix="give every process the same WORLD_SIZE (let distinit.env_from_scheduler() derive it from the "
+        "launcher), or use a distinct MASTER_PORT per job.",
+        master=master,
+        generation=generation,
+        ranks=(r1, r2),
+        claimants=(who1, who2),
+    )
+
+
+def rank_out_of_range(*, rank: int, world_size: int) -> WorldSizeMismatchError:
+    """Pre-flight: ``rank`` does not fit in ``world_size``."""
+    return WorldSizeMismatchError(
+        f"rank {rank} is outside a world of size {world_size} (valid ranks are 0..{world_size - 1}). Not retried.",
+        rank=rank,
+        why="RANK and WORLD_SIZE come from different sources (e.g. a per-node rank against a global size).",
+        fix="check RANK and WORLD_SIZE (`distinit env --explain` shows where each came from).",
+        ranks=(rank,),
+    )
+
+
+def bad_interface(*, variable: str, value: str, available: Sequence[str], rank: int) -> RendezvousError:
+    """Pre-flight: a ``*_SOCKET_IFNAME`` names an interface that does not exist on this host."""
+    return RendezvousError(
+        f"{variable}={value!r} names no network interface on this host (available: {', '.join(available)}). "
+        "Not retried.",
+        rank=rank,
+        why="the variable was copied from another cluster or names an interface of another node type.",
+        fix=f"set {variable} to one of the interfaces above (or unset it to let torch choose).",
+    )
+
+
+def backend_unavailable(*, backend: str, rank: int) -> RendezvousError:
+    """Pre-flight: torch cannot provide ``backend`` here."""
+    return RendezvousError(
+        f"backend {backend!r} is not available in this torch build on this host. Not retried.",
+        rank=rank,
+        why="NCCL needs a CUDA build of torch and a visible GPU; MPI needs torch built with MPI.",
+        fix="pass backend='gloo' (CPU), or install a torch build with the backend and run where it exists.",
+    )
+
+
+def incompatible_group(*, want: str, have: str, rank: int) -> RendezvousError:
+    """A process group already exists and differs from the one requested."""
+    return RendezvousError(
+        f"a process group is already initialised ({have}) but {want} was requested.",
+        rank=rank,
+        why="init_process_group or setup() ran earlier in this process with other settings.",
+        fix="call distinit.teardown() (destroy_process_group) first, or request the same backend, rank and world size.",
+    )
+
+
+def cannot_resolve(*, master: str, host: str, seconds: float, detail: str, rank: int) -> MasterUnreachableError:
+    """DNS failed for the whole grace period."""
+    return MasterUnreachableError(
+        f"rank {rank} cannot resolve MASTER_ADDR={host!r} (rendezvous {master}): {detail}; still failing "
+        f"after {seconds:.0f} s.",
+        rank=rank,
+        why="a typo in MASTER_ADDR, a short hostname not in this node's DNS search path, or a service record "
+        "(e.g. a Kubernetes headless service) that is not published yet.",
+        fix="use the master's IP address or fully qualified name; check `getent hosts <MASTER_ADDR>` on this node.",
+        master=master,
+    )
+
+
+def unroutable(*, master: str, seconds: float, detail: str, rank: int) -> MasterUnreachableError:
+    """No route to the master for the whole grace period."""
+    return MasterUnreachableError(
+        f"rank {rank} has no route to MASTER_ADDR at {master}: {detail}; still failing after {seconds:.0f} s.",
+        rank=rank,
+        why="MASTER_ADDR is on a network this host cannot reach (wrong subnet, a link down, or an address of "
+        "another cluster).",
+        fix="set MASTER_ADDR to an address of rank 0's host that this node can reach (`ip route get <addr>`).",
+        master=master,
+    )
+
+
+def black_hole(*, master: str, seconds: float, rank: int) -> MasterUnreachableError:
+    """Connects to the master timed out until the deadline: packets vanish."""
+    return MasterUnreachableError(
+        f"rank {rank} could not connect to {master} for {seconds:.0f} s: connection attempts time out, so "
+        "packets to it vanish without an answer.",
+        rank=rank,
+        why="a firewall drops the traffic, MASTER_ADDR is an address nobody answers on, or the master host is down.",
+        fix="check MASTER_ADDR and that MASTER_PORT is open between the nodes (`nc -zv <addr> <port>`).",
+        master=master,
+    )
+
+
+def port_in_use(*, master: str, port: int, seconds: float, holder: str | None, rank: int) -> PortInUseError:
+    """Rank 0 could not bind ``port`` for the whole grace period."""
+    who = f"it is held by {holder}" if holder else "the holding process is not visible from here"
+    return PortInUseError(
+        f"rank {rank} cannot host the rendezvous store: MASTER_PORT={port} is already in use on this host "
+        f"(Address already in use) and stayed busy for {seconds:.0f} s; {who}.",
+        rank=rank,
+        why="a previous run is still exiting, another job on this node uses the same port, or a hard-coded "
+        "port (29500) collides.",
+        fix="use another MASTER_PORT (one per job), or stop the holder shown above.",
+        master=master,
+    )
+
+
+def foreign_listener(*, master: str, seconds: float, holder: str | None, rank: int) -> PortInUseError:
+    """Something accepts TCP on MASTER_PORT but does not speak the TCPStore protocol."""
+    who = f" ({holder})" if holder else ""
+    return PortInUseError(
+        f"rank {rank}: something is listening on {master}{who} but it is not a torch TCPStore: it did not "
+        f"answer the store handshake for {seconds:.0f} s. torch alone would hang here without bound.",
+        rank=rank,
+        why="another program (or another job's service) owns MASTER_PORT on the master host.",
+        fix="use another MASTER_PORT, or stop the program listening on it.",
+        master=master,
+    )
+
+
+def rendezvous_timeout(
+    *,
+    rank: int,
+    world_size: int,
+    master: str,
+    deadline: float,
+    missing: Sequence[int],
+    attempts: Sequence[str],
+    generation: int | None,
+) -> RendezvousTimeoutError:
+    """The deadline passed without a formed group."""
+    if missing:
+        head = f"missing ranks {_ranks(missing)} of world size {world_size}"
+        why = "those processes never started, crashed, or use another MASTER_ADDR/MASTER_PORT or job id."
+        fix = (
+            "check the logs of the missing ranks and that every process has the same MASTER_ADDR:MASTER_PORT; "
+            "raise deadline= if they are only slow to start."
+        )
+    else:
+        head = f"no world of size {world_size} formed"
+        why = "see what each attempt saw below."
+        fix = "check that every process uses the same MASTER_ADDR:MASTER_PORT; raise deadline= if starts are slow."
+    seen = "; ".join(attempts[-6:])
+    return RendezvousTimeoutError(
+        f"rank {rank}: rendezvous at {master} did not complete within the {deadline:.0f} s deadline "
+        f"({len(attempts)} attempts): {head}. Attempts: {seen}",
+        rank=rank,
+        why=why,
+        fix=fix,
+        master=master,
+        generation=generation,
+        ranks=tuple(missing),
+        attempts=tuple(attempts),
+    )
+
+
+def verdict_to_json(exc: RendezvousError) -> str:
+    """Serialise a collective verdict for the store (facts only, JSON)."""
+    payload: dict[str, Any] = {
+        "error": type(exc).__name__,
+        "what": exc.what,
+        "why": exc.why,
+        "fix": exc.fix,
+        "master": exc.master,
+        "generation": exc.generation,
+        "ranks": list(exc.ranks),
+        "claimants": list(exc.claimants),
+    }
+    return json.dumps(payload)
+
+
+def verdict_from_json(text: str, *, rank: int) -> RendezvousError:
+    """Rebuild a verdict read from the store; unknown payloads become a plain :class:`RendezvousError`."""
+    try:
+        data = json.loads(text)
+        cls = _VERDICT_CLASSES.get(str(data["error"]), RendezvousError)
+        return cls(
+            str(data["what"]),
+            rank=rank,
+            why=str(data.get("why", "")),
+            fix=str(data.get("fix", "")),
+            master=data.get("master"),
+            generation=data.get("generation"),
+            ranks=tuple(int(r) for r in data.get("ranks", ())),
+            claimants=tuple(str(c) for c in data.get("claimants", ())),
+        )
+    except (ValueError, KeyError, TypeError):
+        return RendezvousError(
+            f"rendezvous aborted by a peer with an unreadable verdict: {text[:200]!r}",
+            rank=rank,
+            why="a peer runs another distinit version or another program wrote the abort key.",
+            fix="run the same distinit version on every rank.",
+        )

@@ -1,0 +1,95 @@
+"""Local, instant checks before any network traffic; every failure here is a misconfiguration (never retried)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+
+import torch.distributed as dist
+
+from distinit.errors import IncompleteEnvError, MalformedEnvError
+from distinit.init import _messages
+
+_IFNAME_VARIABLES = {"gloo": ("GLOO_SOCKET_IFNAME",), "nccl": ("NCCL_SOCKET_IFNAME",)}
+
+
+def check_world(*, rank: int, world_size: int) -> None:
+    """``0 <= rank < world_size``."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise _messages.rank_out_of_range(rank=rank, world_size=world_size)
+
+
+def check_master(*, master_addr: str | None, master_port: int | None, world_size: int, rank: int) -> None:
+    """MASTER_ADDR/MASTER_PORT present (for a world of more than one) and the port in range."""
+    if world_size == 1:
+        return
+    missing = tuple(name for name, value in (("MASTER_ADDR", master_addr), ("MASTER_PORT", master_port)) if not value)
+    if missing:
+        raise IncompleteEnvError(
+            f"rank {rank}: {' and '.join(missing)} not known, so there is no rendezvous endpoint for a world of "
+            f"{world_size}.",
+            variables=missing,
+            why="the launcher did not export them and they were not set in the job script.",
+            fix="export MASTER_ADDR (rank 0's host) and MASTER_PORT (a free port, one per job), or launch with "
+            "torchrun/srun so distinit.env_from_scheduler() derives them.",
+        )
+    if master_port is not None and not 1 <= master_port <= 65535:
+        raise MalformedEnvError(
+            f"rank {rank}: MASTER_PORT={master_port!r} is not a TCP port (1..65535).",
+            variables=("MASTER_PORT",),
+            why="a typo, or a port computed from a job id without a modulo.",
+            fix="set MASTER_PORT to a free port between 1024 and 65535.",
+        )
+
+
+def check_backend(backend: str, *, rank: int) -> None:
+    """Check that torch provides ``backend`` in this build on this host."""
+    available = {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "mpi": dist.is_mpi_available(),
+    }
+    if backend in available and not available[backend]:
+        raise _messages.backend_unavailable(backend=backend, rank=rank)
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise _messages.backend_unavailable(backend=backend, rank=rank)
+
+
+def check_interfaces(backend: str, environ: Mapping[str, str], *, rank: int) -> None:
+    """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` name interfaces that exist here.
+
+    NCCL also accepts ``^name`` (exclude) and ``=name`` (exact) forms and prefixes; only plain names that
+    match no interface prefix are rejected, so valid NCCL syntax never fails here.
+    """
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return
+    for variable in _IFNAME_VARIABLES.get(backend, ()):
+        value = environ.get(variable)
+        if not value:
+            continue
+        for item in value.split(","):
+            item = item.strip()
+            if not item or item.startswith("^"):
+                continue
+            exact = item.startswith("=")
+            wanted = item.lstrip("=")
+            ok = wanted in names if (exact or backend == "gloo") else any(n.startswith(wanted) for n in names)
+            if not ok:
+                raise _messages.bad_interface(variable=variable, value=value, available=names, rank=rank)
+
+
+def check_existing(*, backend: str, rank: int, world_size: int) -> bool:
+    """True if a compatible default group already exists; raises if an incompatible one does."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    have_backend = str(dist.get_backend())
+    have = f"backend {have_backend!r}, rank {dist.get_rank()} of {dist.get_world_size()}"
+    want = f"backend {backend!r}, rank {rank} of {world_size}"
+    if dist.get_rank() != rank or dist.get_world_size() != world_size or backend not in have_backend:
+        raise _messages.incompatible_group(want=want, have=have, rank=rank)
+    return True

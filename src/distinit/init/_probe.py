@@ -1,0 +1,152 @@
+"""Plain-TCP reachability probe of the master, classifying why it fails, and port-holder lookup.
+
+torch reports DNS failure, a refused connection and a black hole with the same "client socket has timed
+out" text (measured on torch 2.13); this probe keeps the cause. It also speaks the first two messages of
+the TCPStore protocol (VALIDATE, PING), so a foreign program listening on MASTER_PORT is recognised in
+seconds instead of hanging torch's client without bound.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+#: Result kinds: ``tcpstore`` (a TCPStore answered), ``foreign`` (TCP accepted, no TCPStore answer),
+#: ``refused`` (nothing listens yet), ``dns`` (name does not resolve), ``unreachable`` (no route),
+#: ``timeout`` (SYNs vanish: black hole), ``error`` (any other socket error).
+ProbeKind = Literal["tcpstore", "foreign", "refused", "dns", "unreachable", "timeout", "error"]
+
+# TCPStore wire protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp): QueryType is a uint8 enum,
+# VALIDATE = 0 followed by the magic number, PING = 13 followed by a nonce the server echoes back.
+_VALIDATE = 0
+_PING = 13
+_MAGIC = 0x3C85F7CE
+
+_UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe saw."""
+
+    kind: ProbeKind
+    detail: str
+    elapsed: float
+
+
+def probe(host: str, port: int, timeout: float, *, handshake_timeout: float = 3.0) -> ProbeResult:
+    """Connect once to ``host:port`` within ``timeout`` seconds and classify the outcome. Never raises."""
+    start = time.monotonic()
+
+    def done(kind: ProbeKind, detail: str) -> ProbeResult:
+        return ProbeResult(kind, detail, time.monotonic() - start)
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return done("dns", f"name resolution failed ({exc.strerror or exc})")
+    except (UnicodeError, OSError) as exc:
+        return done("dns", f"name resolution failed ({exc})")
+    last: ProbeResult | None = None
+    for family, kind, proto, _, address in infos:
+        left = timeout - (time.monotonic() - start)
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            try:
+                sock.connect(address)
+            except ConnectionRefusedError:
+                last = done("refused", "connection refused: nothing listens on the port yet")
+                continue
+            except TimeoutError:
+                last = done("timeout", f"no answer to connect within {left:.1f} s: packets vanish")
+                continue
+            except OSError as exc:
+                if exc.errno in _UNREACHABLE:
+                    last = done("unreachable", f"{os.strerror(exc.errno or 0)} (errno {exc.errno})")
+                else:
+                    last = done("error", f"connect failed: {exc}")
+                continue
+            return _handshake(sock, handshake_timeout, done)
+        finally:
+            sock.close()
+    return last if last is not None else done("timeout", f"no answer within {timeout:.1f} s")
+
+
+_Done = Callable[[ProbeKind, str], ProbeResult]
+
+
+def _handshake(sock: socket.socket, timeout: float, done: _Done) -> ProbeResult:
+    nonce = random.getrandbits(32)
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(struct.pack("=BIBI", _VALIDATE, _MAGIC, _PING, nonce))
+        data = b""
+        while len(data) < 4:
+            chunk = sock.recv(4 - len(data))
+            if not chunk:
+                return done("foreign", "the listener closed the connection without answering the store handshake")
+            data += chunk
+    except TimeoutError:
+        return done("foreign", f"the listener accepted but did not answer the store handshake in {timeout:.1f} s")
+    except OSError as exc:
+        return done("foreign", f"the listener broke the store handshake ({exc})")
+    if struct.unpack("=I", data)[0] != nonce:
+        return done("foreign", "the listener answered the store handshake with foreign bytes")
+    return done("tcpstore", "a TCPStore answered")
+
+
+def port_holder(port: int) -> str | None:
+    """Describe the local process listening on TCP ``port`` (``"pid 123 (cmd ...)"``), if it can be found.
+
+    Reads ``/proc/net/tcp{,6}`` for the listening socket's inode and ``/proc/*/fd`` for its owner; returns
+    ``None`` off Linux, in another network namespace, or without permission to read the owner's fds.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    if not inodes:
+        return None
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return "a process (owner not visible)"
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
+                    return f"pid {pid} ({_cmdline(pid)})"
+            except OSError:
+                continue
+    return "a process whose owner is not visible from here"
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return text[:160] or "?"

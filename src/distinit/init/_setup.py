@@ -1,0 +1,117 @@
+"""``setup()``/``teardown()``: the one call at the top of ``main()`` and its undo."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+
+from distinit.env import DistEnv, env_from_scheduler
+from distinit.init._api import init_with_retry
+from distinit.init._backoff import Backoff
+from distinit.init._report import InitReport
+
+logger = logging.getLogger("distinit.init")
+
+
+class SetupResult(BaseModel):
+    """What :func:`setup` did: the resolved world, how the group formed, and the device bound."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    env: DistEnv = Field(description="The world, resolved from the launcher and exported to os.environ.")
+    report: InitReport = Field(description="How the process group formed.")
+    device: str = Field(description='The device this rank computes on: "cuda:N" or "cpu".')
+
+
+class _Current:
+    """The process-wide result of :func:`setup` (set by ``setup()``, undone by ``teardown()``)."""
+
+    result: SetupResult | None = None
+    atexit_registered: bool = False
+
+
+def setup(
+    backend: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    deadline: float | timedelta = 600.0,
+    attempt_timeout: float | timedelta = 30.0,
+    pg_timeout: float | timedelta | None = None,
+    backoff: Backoff | None = None,
+    verify: bool = True,
+    strict: bool = True,
+) -> SetupResult:
+    """Resolve the world, bind the GPU, form the process group, and destroy it at exit. Idempotent.
+
+    The one call at the top of ``main()`` under torchrun, srun, mpirun or a plain ``env://`` launch:
+    ``env_from_scheduler(export=True)``, then ``torch.cuda.set_device(local_rank)`` when CUDA is used,
+    then :func:`init_with_retry` (with ``device_id`` for NCCL, so the communicator is created eagerly and
+    success means NCCL works), and :func:`teardown` registered with ``atexit``. A second call returns the
+    first call's result while the group is alive.
+
+    Args:
+        backend: as :func:`init_with_retry` (None: NCCL if this rank's ``local_rank`` names a GPU, else gloo).
+        environ: variables to resolve the world from; default ``os.environ``.
+        deadline: total seconds for rendezvous.
+        attempt_timeout: one attempt's bound.
+        pg_timeout: collective timeout after init (torch default if None).
+        backoff: pause policy between attempts.
+        verify: run one tiny collective after init.
+        strict: passed to :func:`distinit.env_from_scheduler`.
+
+    Returns:
+        A :class:`SetupResult` with the ``DistEnv``, the ``InitReport`` and the device.
+
+    Raises:
+        SchedulerEnvError: the launcher variables are missing or contradictory.
+        RendezvousError: any error of :func:`init_with_retry`.
+    """
+    current = _Current.result
+    if current is not None and dist.is_initialized():
+        return current
+    env = env_from_scheduler(environ, strict=strict, export=True)
+    use_cuda = backend == "nccl" or (
+        backend is None and torch.cuda.is_available() and env.local_rank < torch.cuda.device_count()
+    )
+    device_id: torch.device | None = None
+    device = "cpu"
+    if use_cuda:
+        torch.cuda.set_device(env.local_rank)
+        device_id = torch.device("cuda", env.local_rank)
+        device = f"cuda:{env.local_rank}"
+    report = init_with_retry(
+        backend,
+        env=env,
+        deadline=deadline,
+        attempt_timeout=attempt_timeout,
+        pg_timeout=pg_timeout,
+        device_id=device_id,
+        backoff=backoff,
+        verify=verify,
+    )
+    result = SetupResult(env=env, report=report, device=device)
+    _Current.result = result
+    if not _Current.atexit_registered:
+        atexit.register(teardown)
+        _Current.atexit_registered = True
+    return result
+
+
+def teardown() -> None:
+    """Destroy the default process group if one exists and forget :func:`setup`'s result. Idempotent."""
+    _Current.result = None
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, AssertionError, ValueError) as exc:
+            logger.warning(
+                "destroy_process_group failed at teardown: %s",
+                exc,
+                extra={"distinit": {"event": "init.teardown_failed", "error": type(exc).__name__}},
+            )

@@ -1,0 +1,60 @@
+"""One rank of a fault test: run ``init_with_retry`` and write the outcome as JSON.
+
+Usage: ``python _worker.py SPEC_JSON OUT_PATH``. SPEC keys: ``kwargs`` (for init_with_retry; ``backoff``
+as a dict), ``start_after`` (seconds; the late start IS the scenario), ``mode`` (``normal``,
+``die_in_init``: exit in place of init_process_group, simulating a crash after joining),
+``hold`` (seconds to keep the group alive after success).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    out = sys.argv[2]
+    logging.basicConfig(level=logging.INFO, format=f"[%(process)d] %(name)s %(levelname)s %(message)s")
+    time.sleep(float(spec.get("start_after", 0)))
+    import torch.distributed as dist
+
+    import distinit
+    from distinit.init import Backoff, init_with_retry
+
+    if spec.get("mode") == "die_in_init":
+        def die(*args: object, **kwargs: object) -> None:
+            os._exit(3)
+
+        dist.init_process_group = die  # type: ignore[assignment]
+    kwargs = dict(spec.get("kwargs", {}))
+    if "backoff" in kwargs:
+        kwargs["backoff"] = Backoff(**kwargs["backoff"])
+    kwargs.setdefault("backend", "gloo")
+    started = time.monotonic()
+    result: dict[str, object] = {"pid": os.getpid()}
+    try:
+        report = init_with_retry(**kwargs)
+        result.update(ok=True, report=json.loads(report.model_dump_json()))
+        time.sleep(float(spec.get("hold", 0)))
+    except distinit.DistinitError as exc:
+        result.update(
+            ok=False,
+            error=type(exc).__name__,
+            message=str(exc),
+            ranks=list(getattr(exc, "ranks", ())),
+            claimants=list(getattr(exc, "claimants", ())),
+        )
+    result["elapsed"] = time.monotonic() - started
+    with open(out + ".tmp", "w") as fh:
+        json.dump(result, fh)
+    os.replace(out + ".tmp", out)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

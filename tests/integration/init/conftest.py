@@ -1,0 +1,23 @@
+"""Fixtures for the init fault tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from init_launch import Launcher, free_port
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    handle = Launcher(tmp_path)
+    try:
+        yield handle
+    finally:
+        handle.stop_all()
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
