@@ -1,0 +1,78 @@
+"""Who takes part in a call: the group, this rank's place in it, and where collectives run."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distinit.broadcast import _header
+
+
+@dataclasses.dataclass(frozen=True)
+class CallContext:
+    """The group facts one call needs, resolved once on entry."""
+
+    group: Any
+    size: int
+    rank: int  # group-local rank of this process
+    global_rank: int
+    backend: str
+    comm_device: torch.device  # where header and payload collectives run
+    seq: int
+    timeout: float | None
+
+    def is_src(self, src: int) -> bool:
+        """Whether this rank is the (group-local) source."""
+        return self.rank == src
+
+    def global_of(self, group_rank: int) -> int:
+        """The global rank of group rank ``group_rank`` (itself when the group is the world)."""
+        if self.group is None or self.group is dist.group.WORLD:
+            return group_rank
+        return int(dist.get_global_rank(self.group, group_rank))
+
+
+def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
+    """Resolve ``group`` (None: the default group) and normalise ``timeout`` to seconds.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialised (a local precondition, same on every rank).
+        ValueError: ``timeout`` is not positive.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "distinit.broadcast needs an initialised process group: call torch.distributed.init_process_group "
+            "(or distinit.init_with_retry) first"
+        )
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    pg = dist.group.WORLD if group is None else group
+    backend = str(dist.get_backend(pg)).lower()
+    rank = dist.get_rank(pg)
+    if rank < 0:
+        raise ValueError(
+            f"global rank {dist.get_rank()} is not a member of the group it passed to distinit.broadcast; "
+            "only members of `group` may call (as with torch.distributed.broadcast)"
+        )
+    return CallContext(
+        group=pg,
+        size=dist.get_world_size(pg),
+        rank=rank,
+        global_rank=dist.get_rank(),
+        backend=backend,
+        comm_device=comm_device(backend),
+        seq=_header.SEQUENCE.next(pg),
+        timeout=seconds,
+    )
+
+
+def comm_device(backend: str) -> torch.device:
+    """NCCL moves CUDA tensors on the current device; everything else goes through CPU."""
+    if "nccl" in backend and "gloo" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
