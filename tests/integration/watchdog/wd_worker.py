@@ -1,0 +1,120 @@
+"""A worker process for the watchdog tests: `python wd_worker.py MODE [ARG]`.
+
+It registers with the server named by DISTINIT_WATCHDOG, prints one JSON line ({"ready": ..., "pid": ...,
+"thread": ..., "registered": ...}) once its region is armed, then hangs (or misbehaves) as MODE says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from distinit.watchdog import WatchdogClient, configure, expires
+
+
+def say(**facts: object) -> None:
+    sys.stdout.write(json.dumps(facts) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    after = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
+    client = WatchdogClient()
+    ident = threading.get_ident()
+    if mode == "sleep":
+        with client.expires(after, scope="sleep-hang"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, reason=client.reason)
+            time.sleep(600)  # hang:sleep
+    elif mode == "gil":
+        with client.expires(after, scope="gil-hang"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            sum(range(10**14))  # one C call holding the GIL: Python signal handlers cannot run
+    elif mode == "torch_api":
+        configure(client)
+        with expires(after=after):  # torch.distributed.elastic.timer's call shape, default scope
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            time.sleep(600)  # hang:torch_api
+    elif mode == "nested":
+        # Same scope twice: the inner region's exit must not disarm the outer one (torch's key clobbers it).
+        with client.expires(after, scope="step"):
+            with client.expires(60, scope="step"):
+                pass
+            with client.expires(60, scope="step"):
+                say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            time.sleep(600)  # hang:nested
+    elif mode == "threads":
+        hang = threading.Event()
+        done = threading.Event()
+
+        def region(hangs: bool) -> None:
+            for _ in range(2000):
+                with client.expires(after if hangs else 60):  # every thread on the same default-scope line
+                    if hangs and not hang.is_set():
+                        hang.set()
+                        done.wait(600)
+
+        fast = [threading.Thread(target=region, args=(False,)) for _ in range(3)]
+        slow = threading.Thread(target=region, args=(True,))
+        slow.start()
+        hang.wait(30)
+        for t in fast:
+            t.start()
+        for t in fast:
+            t.join()
+        say(ready=True, pid=os.getpid(), thread=slow.ident, registered=client.registered)
+        slow.join()
+    elif mode == "exit_armed":
+        with client.expires(60, scope="exits"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            sys.stdin.readline()  # the test tells us when to go
+            os._exit(0)
+    elif mode == "sigstop":
+        with client.expires(after, scope="stopped"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            os.kill(os.getpid(), signal.SIGSTOP)  # stops here
+            time.sleep(600)  # hang:sigstop
+    elif mode == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with client.expires(after, scope="ignores-term"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            time.sleep(600)  # hang:ignore_term
+    elif mode == "heartbeat":
+        hb = client.heartbeat(after)
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        for _ in range(10):  # alive for 10 beats spaced well inside the timeout
+            time.sleep(after / 5)
+            hb.beat()
+        say(stopped_beating=True)
+        time.sleep(600)  # hang:heartbeat
+    elif mode == "load":
+        arms = int(sys.argv[3])
+        errors = 0
+        for _ in range(arms):
+            try:
+                with client.expires(60, scope="load"):
+                    pass
+            except Exception:
+                errors += 1
+        with client.expires(after, scope="final"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, errors=errors,
+                overflows=client.overflows)
+            time.sleep(600)  # hang:load
+    elif mode == "completes":
+        for _ in range(100):
+            with client.expires(after, scope="quick"):
+                pass
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, reason=client.reason)
+        with client.expires(after, scope="guarded"):
+            time.sleep(after * 3)
+        say(completed=True)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
