@@ -64,12 +64,18 @@ def read(v: Vars) -> Draft | None:
         draft.launcher = "sagemaker"
     elif v.has("KUBERNETES_SERVICE_HOST") and v.has("MASTER_ADDR"):
         draft.launcher = "kubeflow"
-    _fill_locals(v, draft)
     return draft
 
 
-def _fill_locals(v: Vars, draft: Draft) -> None:
-    """Local rank and node rank where the launcher leaves them out, with the assumption noted."""
+def fill_locals(v: Vars, draft: Draft) -> None:
+    """Local rank and node rank where the launcher leaves them out, with the assumption noted.
+
+    Called only once the explicit variables are chosen as the source of the world: inside an srun
+    step the step supplies the local values instead.
+
+    Raises:
+        IncompleteEnvError: several processes on several hosts and no way to know the local rank.
+    """
     if draft.launcher in ("kubeflow", "vertex", "sagemaker") and draft.local_rank is None:
         draft.put("local_rank", 0, "rule: one process per pod")
         draft.put("local_world_size", 1, "rule: one process per pod")

@@ -79,6 +79,7 @@ def _launched_world(v: Vars, *, strict: bool, here: str) -> Draft:
     if explicit is not None:
         if slurm is not None and slurm.in_step:
             return _explicit_in_step(v, explicit, slurm, here)
+        _explicit.fill_locals(v, explicit)
         if platform is not None and platform.launcher == explicit.launcher:
             _cloud.apply(platform, explicit, per_host=False)
         _explicit_port(v, explicit)
@@ -268,6 +269,7 @@ def _explicit_in_step(v: Vars, explicit: Draft, slurm: _slurm.Slurm, here: str) 
             "a process spawner inside the step is assumed to have set them."
         )
         explicit.put("job_id", slurm.job_id, slurm.job_var)
+        _explicit.fill_locals(v, explicit)
         _explicit_port(v, explicit)
         return explicit
     variables = (

@@ -1,0 +1,62 @@
+"""Guards that keep the public shape honest: exports, the error tree, import layering."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import distinit
+from distinit import errors
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    public = {name for name in vars(distinit) if not name.startswith(("_", "@"))} - {
+        "env",
+        "errors",
+        "init",
+        "watchdog",
+        "broadcast",
+        "testing",
+        "cli",
+    }
+    assert set(distinit.__all__) - {"__version__"} == public
+
+
+def test_every_error_is_exported_documented_and_picklable() -> None:
+    classes = [obj for obj in vars(errors).values() if inspect.isclass(obj) and issubclass(obj, errors.DistinitError)]
+    assert len(classes) >= 15
+    tree = errors.__doc__ or ""
+    for cls in classes:
+        assert getattr(distinit, cls.__name__) is cls, f"{cls.__name__} not exported from distinit"
+        assert cls.__name__ in tree, f"{cls.__name__} missing from the errors module docstring tree"
+        exc = cls("what happened", why="because", fix="do this")
+        for clone in (pickle.loads(pickle.dumps(exc)), copy.deepcopy(exc)):
+            assert type(clone) is cls and str(clone) == str(exc) and clone.fix == "do this"
+
+
+def test_scheduler_errors_are_value_errors() -> None:
+    assert issubclass(errors.SchedulerEnvError, ValueError)
+    assert not issubclass(errors.RendezvousError, OSError)
+
+
+def test_env_and_errors_never_import_torch() -> None:
+    code = "import sys, distinit.env, distinit.errors; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_error_classes_appear_in_troubleshooting() -> None:
+    text = (DOCS / "troubleshooting.md").read_text()
+    for name in ("NotLaunchedError", "IncompleteEnvError", "ConflictingEnvError", "MalformedEnvError"):
+        assert name in text
+
+
+def test_capability_packages_import() -> None:
+    for name in ("distinit.env", "distinit.errors", "distinit.cli"):
+        importlib.import_module(name)
