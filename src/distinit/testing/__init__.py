@@ -1,3 +1,9 @@
-"""Test distributed code on real process groups: ``run_distributed`` and the pytest plugin."""
+"""Test distributed code on real process groups: ``run_distributed`` and the pytest plugin.
 
-__all__: list[str] = []
+The plugin (``distinit.testing.plugin``) is registered through the ``pytest11`` entry point and adds
+the ``distributed`` marker and the ``dist_world`` fixture. See ``docs/testing.md``.
+"""
+
+from distinit.testing._run import DistWorld, run_distributed
+
+__all__ = ["DistWorld", "run_distributed"]

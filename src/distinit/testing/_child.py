@@ -1,0 +1,321 @@
+"""The rank side of ``run_distributed``: a worker process that runs tasks sent by the parent.
+
+A worker is started through the ``forkserver`` start method (torch is preloaded there, so a rank
+starts in tens of milliseconds). It puts itself in its own process group, so the parent can kill
+the whole rank tree with one ``killpg``, registers ``faulthandler`` on ``SIGUSR1`` so the parent can
+ask for its Python stacks, then loops: receive a :class:`Task`, run it, report. A one-shot worker
+exits after its task; a pooled worker (``reuse=True``) waits for the next one.
+
+Messages to the parent are tuples of plain values (``("phase", name)``, ``("ok", bytes)``,
+``("error", phase, type_name, message, traceback_text)``, ``("skip", reason)``). The return value
+is pickled here and unpickled by the parent that started this process.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import contextlib
+import ctypes
+import faulthandler
+import importlib
+import importlib.util
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["ModuleHint", "Task", "worker_main"]
+
+_PR_SET_PDEATHSIG = 1
+_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class ModuleHint:
+    """Where the child finds the module that defines the function (or the test).
+
+    Attributes:
+        name: the module name as the parent knows it (``sys.modules`` key).
+        file: the module's source file, used when ``name`` is not importable from ``sys.path``
+            (pytest's ``importlib`` import mode, ``__main__`` scripts).
+        rewrite_asserts: load the file with pytest's assertion rewriting, as pytest did in the parent.
+    """
+
+    name: str
+    file: str | None
+    rewrite_asserts: bool = False
+
+
+@dataclass(frozen=True)
+class Task:
+    """One rank's share of one ``run_distributed`` call."""
+
+    run_id: str
+    rank: int
+    world_size: int
+    backend: str
+    timeout: float
+    payload: bytes
+    modules: tuple[ModuleHint, ...]
+    env: dict[str, str]
+    store: tuple[str, str, int]
+    init: bool
+    out_dir: str
+    gpus_per_rank: int = 0
+    label: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def worker_main(conn: Connection, parent_pid: int, reuse: bool) -> None:
+    """Run tasks received on ``conn`` until told to stop (``None``) or after one task when not reusing."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    _die_with_parent(parent_pid)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            break
+        if task is None:
+            break
+        if not _run_task(conn, task):
+            # Stay alive, process group intact, until the parent has collected the other ranks and
+            # kills this one: exiting now would fail the peers with "Connection closed by peer" and
+            # hide where they were.
+            with contextlib.suppress(EOFError, OSError):
+                conn.recv()
+            break
+        if not reuse:
+            break
+    _exit_process()
+
+
+def _exit_process() -> None:
+    """Exit like a normal interpreter would: atexit handlers, flushed streams, their exit status."""
+    code = 0
+    try:
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Kill this rank's process group when the test process dies (pytest-timeout's thread method, ^C)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    os.killpg(os.getpgid(0), signal.SIGKILL)
+                os._exit(1)
+            except PermissionError:
+                continue
+
+    threading.Thread(target=watch, name="distinit-parent-watch", daemon=True).start()
+
+
+def _redirect_output(out_dir: str, rank: int) -> TextIO:
+    """Point fd 1 and 2 at this rank's files, line-buffered so a SIGKILL loses nothing printed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        target = os.open(os.path.join(out_dir, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):
+                reconfigure(line_buffering=True, write_through=True)
+    stacks = open(os.path.join(out_dir, f"rank{rank}.stack"), "w")  # noqa: SIM115 - lives with the task
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    return stacks
+
+
+def _load_module(hint: ModuleHint) -> None:
+    """Make ``hint.name`` importable in this process, as the parent had it."""
+    if hint.name in sys.modules and hint.name != "__main__":
+        return
+    if hint.name == "__main__":
+        if hint.file is None:
+            return
+        _exec_file("__mp_main__", hint.file, rewrite=False)
+        sys.modules["__main__"] = sys.modules["__mp_main__"]
+        return
+    if not hint.rewrite_asserts:
+        try:
+            importlib.import_module(hint.name)
+            return
+        except ImportError:
+            if hint.file is None:
+                raise
+    elif hint.file is None:
+        importlib.import_module(hint.name)
+        return
+    parent, _, _ = hint.name.rpartition(".")
+    if parent:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(parent)
+    _exec_file(hint.name, hint.file, rewrite=hint.rewrite_asserts)
+
+
+def _exec_file(name: str, file: str, *, rewrite: bool) -> None:
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load module {name!r} from {file!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        if rewrite:
+            source = Path(file).read_bytes()
+            tree = ast.parse(source, filename=file)
+            try:
+                from _pytest.assertion.rewrite import rewrite_asserts
+
+                rewrite_asserts(tree, source, file, None)
+            except ImportError:
+                pass
+            code = compile(tree, file, "exec", dont_inherit=True)
+            exec(code, module.__dict__)
+        else:
+            spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+
+
+def _connect_store(task: Task) -> Any:
+    from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
+
+    kind, where, port = task.store
+    timeout = timedelta(seconds=task.timeout)
+    store: Store
+    if kind == "file":
+        store = FileStore(where, task.world_size)
+        store.set_timeout(timeout)
+    else:
+        store = TCPStore(where, port, is_master=False, timeout=timeout)
+    return PrefixStore(task.run_id, store)
+
+
+def _run_task(conn: Connection, task: Task) -> bool:
+    """Run one task; report through ``conn``. Returns whether it succeeded."""
+    phase = "start"
+    saved_env = dict(os.environ)
+    stacks = _redirect_output(task.out_dir, task.rank)
+    initialised = False
+    try:
+        os.environ.clear()
+        os.environ.update(task.env)
+        phase = "import"
+        conn.send(("phase", phase))
+        for hint in task.modules:
+            _load_module(hint)
+        fn, args, kwargs = pickle.loads(task.payload)
+        import torch
+
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or "1")))
+        if task.init:
+            phase = "init"
+            conn.send(("phase", phase))
+            from torch import distributed as dist
+
+            if task.gpus_per_rank > 0 and torch.cuda.is_available():
+                torch.cuda.set_device(task.rank * task.gpus_per_rank)
+            dist.init_process_group(
+                task.backend,
+                store=_connect_store(task),
+                rank=task.rank,
+                world_size=task.world_size,
+                timeout=timedelta(seconds=task.timeout),
+            )
+            initialised = True
+        phase = "run"
+        conn.send(("phase", phase))
+        result = fn(*args, **kwargs)
+        phase = "return"
+        try:
+            data = pickle.dumps(result)
+        except Exception as exc:
+            raise TypeError(f"the return value of rank {task.rank} cannot be pickled: {exc}") from exc
+        phase = "teardown"
+        _teardown_group(initialised)
+        initialised = False
+        conn.send(("ok", data))
+        return True
+    except BaseException as exc:
+        reason = _skip_reason(exc)
+        if reason is not None:
+            conn.send(("skip", reason))
+        else:
+            conn.send(("error", phase, _type_name(exc), _first_line(exc), _format_exception(exc)))
+        return False
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        # A failed rank keeps its process group: destroying it would close its gloo pairs and turn
+        # every peer's wait into a "Connection closed by peer" error that hides where the peers were.
+        faulthandler.unregister(signal.SIGUSR1)
+        stacks.close()
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def _teardown_group(initialised: bool) -> None:
+    if not initialised:
+        return
+    from torch import distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _skip_reason(exc: BaseException) -> str | None:
+    cls = type(exc)
+    if cls.__name__ == "Skipped" and cls.__module__.startswith("_pytest"):
+        return str(getattr(exc, "msg", "") or exc)
+    return None
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ in ("builtins", "__main__"):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"sys.exit({exc.code!r})"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _format_exception(exc: BaseException) -> str:
+    """The traceback without this module's frames (the user's code starts at the top)."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.normcase(os.path.abspath(tb.tb_frame.f_code.co_filename)) == _THIS_FILE:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))

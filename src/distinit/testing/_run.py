@@ -1,0 +1,609 @@
+"""The parent side of ``run_distributed``: start ranks, watch them, tear them down, report.
+
+Ranks are ``forkserver`` children. The fork server preloads torch once per test process, so after
+the first call a rank starts in tens of milliseconds instead of paying the 1.3-1.8 s torch import.
+Rendezvous is race-free: a ``FileStore`` in a fresh temporary directory (no port at all), or, when
+the ranks must find ``MASTER_ADDR``/``MASTER_PORT`` themselves (``init=False``), a ``TCPStore`` that
+this process binds to port 0 and keeps open while the ranks connect as clients.
+
+This module imports no torch at import time (the plugin is loaded into every pytest session).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
+from types import ModuleType
+from typing import Any
+
+from distinit.testing._child import ModuleHint, Task, worker_main
+from distinit.testing._report import RankOutcome, build_error, prefix_lines
+
+__all__ = ["DistWorld", "close_pools", "run_distributed", "run_with_modules", "warm_up"]
+
+log = logging.getLogger("distinit.testing")
+
+#: How long the other ranks may still report after the first failure before they are torn down.
+FAILURE_GRACE = 0.5
+#: How long to wait for a faulthandler stack dump of a rank being torn down.
+STACK_DUMP_WAIT = 1.0
+#: How long to wait for a killed rank to be reaped.
+REAP_WAIT = 2.0
+
+_PRELOAD = ["torch", "torch.distributed", "distinit.testing._child"]
+_lock = threading.Lock()
+_pools: dict[tuple[int, str], _Pool] = {}
+
+
+def _context() -> ForkServerContext:
+    return multiprocessing.get_context("forkserver")
+
+
+def warm_up() -> None:
+    """Start the fork server (it imports torch in the background) so the first test does not wait as long.
+
+    Idempotent and cheap to call; does nothing if the fork server already runs.
+    """
+    with _lock:
+        ctx = _context()
+        ctx.set_forkserver_preload(_preload())
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _preload() -> list[str]:
+    names = list(_PRELOAD)
+    if "pytest" in sys.modules:
+        names.append("_pytest.assertion.rewrite")
+    return names
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: multiprocessing.connection.Connection
+    dead: bool = False
+
+    @property
+    def pid(self) -> int:
+        pid = self.process.pid
+        if pid is None:
+            raise RuntimeError("worker process was never started")
+        return pid
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group (and the worker, if it never made its group)."""
+        for killer in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                killer(self.pid, signal.SIGKILL)
+        self.dead = True
+
+    def reap(self, timeout: float) -> None:
+        self.process.join(timeout)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
+def _start_workers(world_size: int, *, reuse: bool) -> list[_Worker]:
+    ctx = _context()
+    with _lock:
+        ctx.set_forkserver_preload(_preload())
+    workers = []
+    for rank in range(world_size):
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        process = ctx.Process(
+            target=worker_main,
+            args=(child_end, os.getpid(), reuse),
+            name=f"distinit-rank{rank}",
+            daemon=False,
+        )
+        process.start()
+        child_end.close()
+        workers.append(_Worker(process, parent_end))
+    return workers
+
+
+@dataclass
+class _Pool:
+    """Ranks kept alive between calls (``reuse=True``). Replaced after any failure."""
+
+    world_size: int
+    workers: list[_Worker] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        return bool(self.workers) and all(w.process.is_alive() and not w.dead for w in self.workers)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(OSError, ValueError):
+                worker.conn.send(None)
+        for worker in self.workers:
+            worker.process.join(REAP_WAIT)
+            if worker.process.is_alive():
+                worker.kill()
+            worker.reap(REAP_WAIT)
+        self.workers = []
+
+
+def close_pools() -> None:
+    """Stop every pooled rank process (``reuse=True``). Called at exit and at the end of a pytest session."""
+    with _lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+atexit.register(close_pools)
+
+
+def _acquire(world_size: int, backend: str) -> tuple[_Pool, bool]:
+    """A live pool for this world size; the bool says whether it was just started."""
+    key = (world_size, backend)
+    with _lock:
+        pool = _pools.pop(key, None)
+    if pool is not None and pool.alive():
+        return pool, False
+    if pool is not None:
+        pool.close()
+    return _Pool(world_size, _start_workers(world_size, reuse=True)), True
+
+
+def _release(pool: _Pool, backend: str, *, poisoned: bool) -> None:
+    if poisoned:
+        for worker in pool.workers:
+            worker.kill()
+        for worker in pool.workers:
+            worker.reap(REAP_WAIT)
+        pool.workers = []
+        return
+    with _lock:
+        previous = _pools.pop((pool.world_size, backend), None)
+        _pools[(pool.world_size, backend)] = pool
+    if previous is not None and previous is not pool:
+        previous.close()
+
+
+def _module_hints(fn: Callable[..., Any]) -> tuple[ModuleHint, ...]:
+    """The modules a child must load before unpickling ``fn`` (it pickles by reference)."""
+    target: Any = fn
+    while hasattr(target, "func"):  # functools.partial and friends
+        target = target.func
+    target = getattr(target, "__func__", target)  # bound/static methods
+    name = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", "")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise TypeError(
+            f"run_distributed() needs a function the rank processes can import, got {qualname!r}: "
+            "lambdas and functions defined inside other functions cannot be sent to another process; "
+            "define it at module level (a test module is fine)"
+        )
+    if not isinstance(name, str):
+        return ()
+    module = sys.modules.get(name)
+    return (_hint_for(name, module),) if module is not None else (ModuleHint(name, None),)
+
+
+def _hint_for(name: str, module: ModuleType) -> ModuleHint:
+    file = getattr(module, "__file__", None)
+    rewritten = "@pytest_ar" in vars(module)
+    return ModuleHint(name, os.path.abspath(file) if isinstance(file, str) else None, rewritten)
+
+
+def _rank_env(
+    base: Mapping[str, str], rank: int, world_size: int, extra: Mapping[str, str], store_env: Mapping[str, str]
+) -> dict[str, str]:
+    env = dict(base)
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0",
+        }
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(store_env)
+    env.update(extra)
+    return env
+
+
+def _check_arguments(world_size: int, timeout: float, env: Mapping[str, str] | None, gpus_per_rank: int) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if isinstance(gpus_per_rank, bool) or not isinstance(gpus_per_rank, int) or gpus_per_rank < 0:
+        raise ValueError(f"gpus_per_rank must be an integer >= 0, got {gpus_per_rank!r}")
+    for key, value in (env or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"env must map str to str, got {key!r}: {value!r}")
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    backend: str = "gloo",
+    timeout: float = 30.0,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    init: bool = True,
+    reuse: bool = False,
+    gpus_per_rank: int = 0,
+    label: str = "",
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` once per rank, each in its own process, and return the results.
+
+    Every rank runs in a fresh process (or, with ``reuse=True``, a pooled one) with the default
+    process group initialised on ``backend`` and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
+    ``LOCAL_WORLD_SIZE`` set. If any rank fails, the others are torn down (stacks dumped) and one
+    :class:`~distinit.errors.DistributedTestError` lists every failed rank.
+
+    Args:
+        fn: a module-level function (a test module is fine); it is sent to the ranks by reference.
+        world_size: number of ranks.
+        backend: torch.distributed backend (``"gloo"`` on CPU, ``"nccl"`` with GPUs).
+        timeout: seconds for the whole call; on expiry the ranks still running are reported as hung,
+            with their Python stacks, and killed with their process trees.
+        args: positional arguments for ``fn`` (pickled).
+        kwargs: keyword arguments for ``fn`` (pickled).
+        env: variables added to each rank's environment (after the defaults, so they win).
+        init: initialise the default process group before calling ``fn``. With ``False`` the ranks
+            get ``MASTER_ADDR``/``MASTER_PORT`` of a store this process owns, marked
+            ``TORCHELASTIC_USE_AGENT_STORE=True`` as torchrun does, so ``init_process_group()``
+            with ``env://`` joins without racing for a port.
+        reuse: run on pooled rank processes kept alive between calls (no process start cost); a
+            failure discards the pool, so it never leaks into the next call.
+        gpus_per_rank: GPUs each rank needs (rank r uses device ``r * gpus_per_rank``).
+        label: a name for the report (the test id, when run from the pytest plugin).
+
+    Returns:
+        The per-rank return values, index = rank.
+
+    Raises:
+        DistributedTestError: one or more ranks raised, exited non-zero, died by a signal or hung.
+        ValueError: bad ``world_size``, ``timeout`` or ``gpus_per_rank``.
+        TypeError: ``fn`` cannot be sent to another process, or ``args``/``kwargs`` do not pickle.
+    """
+    __tracebackhide__ = True
+    return run_with_modules(
+        fn,
+        world_size,
+        backend,
+        timeout,
+        args,
+        kwargs,
+        env,
+        init=init,
+        reuse=reuse,
+        gpus_per_rank=gpus_per_rank,
+        label=label,
+        modules=(),
+    )
+
+
+def run_with_modules(
+    fn: Callable[..., Any],
+    world_size: int,
+    backend: str,
+    timeout: float,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    env: Mapping[str, str] | None,
+    *,
+    init: bool,
+    reuse: bool,
+    gpus_per_rank: int,
+    label: str,
+    modules: Sequence[ModuleType],
+) -> list[Any]:
+    """``run_distributed`` that also loads ``modules`` in the ranks first (the plugin's test modules)."""
+    __tracebackhide__ = True
+    _check_arguments(world_size, timeout, env, gpus_per_rank)
+    hints = tuple(_hint_for(m.__name__, m) for m in modules) + _module_hints(fn)
+    try:
+        payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    except Exception as exc:
+        raise TypeError(f"run_distributed() could not pickle fn, args or kwargs for the ranks: {exc}") from exc
+    run = _Run(
+        world_size=world_size,
+        backend=backend,
+        timeout=float(timeout),
+        payload=payload,
+        hints=hints,
+        env=dict(env or {}),
+        init=init,
+        reuse=reuse,
+        gpus_per_rank=gpus_per_rank,
+        label=label,
+    )
+    return run.execute()
+
+
+class DistWorld:
+    """``run_distributed`` bound to the current test (its id labels the report).
+
+    Call it exactly like :func:`distinit.testing.run_distributed`.
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def __call__(
+        self,
+        fn: Callable[..., Any],
+        world_size: int = 2,
+        backend: str = "gloo",
+        timeout: float = 30.0,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        init: bool = True,
+        reuse: bool = False,
+        gpus_per_rank: int = 0,
+    ) -> list[Any]:
+        """Run ``fn`` on ``world_size`` ranks; see :func:`distinit.testing.run_distributed`."""
+        __tracebackhide__ = True
+        return run_distributed(
+            fn,
+            world_size,
+            backend,
+            timeout,
+            args,
+            kwargs,
+            env,
+            init=init,
+            reuse=reuse,
+            gpus_per_rank=gpus_per_rank,
+            label=self.label,
+        )
+
+
+@dataclass
+class _Run:
+    world_size: int
+    backend: str
+    timeout: float
+    payload: bytes
+    hints: tuple[ModuleHint, ...]
+    env: dict[str, str]
+    init: bool
+    reuse: bool
+    gpus_per_rank: int
+    label: str
+    outcomes: list[RankOutcome] = field(default_factory=list)
+
+    def execute(self) -> list[Any]:
+        __tracebackhide__ = True
+        run_id = uuid.uuid4().hex[:12]
+        out_dir = tempfile.mkdtemp(prefix=f"distinit-{run_id}-")
+        tcp_store: Any = None
+        pool: _Pool | None = None
+        workers: list[_Worker] = []
+        poisoned = True
+        try:
+            if self.init:
+                store: tuple[str, str, int] = ("file", os.path.join(out_dir, "store"), 0)
+                store_env: dict[str, str] = {}
+            else:
+                tcp_store = _tcp_store(self.timeout)
+                store = ("tcp", "127.0.0.1", int(tcp_store.port))
+                store_env = {
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(tcp_store.port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True",
+                }
+            started = time.monotonic()
+            if self.reuse:
+                pool, _fresh = _acquire(self.world_size, self.backend)
+                workers = pool.workers
+            else:
+                workers = _start_workers(self.world_size, reuse=False)
+            base_env = dict(os.environ)
+            self.outcomes = [RankOutcome(rank, reuse=self.reuse) for rank in range(self.world_size)]
+            for rank, worker in enumerate(workers):
+                task = Task(
+                    run_id=run_id,
+                    rank=rank,
+                    world_size=self.world_size,
+                    backend=self.backend,
+                    timeout=self.timeout,
+                    payload=self.payload,
+                    modules=self.hints,
+                    env=_rank_env(base_env, rank, self.world_size, self.env, store_env),
+                    store=store,
+                    init=self.init,
+                    out_dir=out_dir,
+                    gpus_per_rank=self.gpus_per_rank,
+                    label=self.label,
+                )
+                worker.conn.send(task)
+            try:
+                self._watch(workers, deadline=started + self.timeout)
+            except BaseException as exc:
+                # Interrupted from outside (pytest-timeout's signal method, ^C): leave no rank behind,
+                # and say where each one was.
+                self._stop_pending(workers, out_dir, verdict="interrupted")
+                self._collect_output(out_dir)
+                if hasattr(exc, "add_note"):
+                    exc.add_note(self._interrupted_note())
+                raise
+            failed = [o for o in self.outcomes if not o.succeeded]
+            poisoned = bool(failed) or not self.reuse
+            if failed:
+                self._stop_pending(
+                    workers, out_dir, verdict="stopped" if any(o.failed for o in self.outcomes) else "hung"
+                )
+            self._collect_output(out_dir)
+            if failed:
+                self._raise_or_skip()
+            self._forward_output()
+            return [pickle.loads(o.result) for o in self.outcomes if o.result is not None]
+        finally:
+            if pool is not None:
+                _release(pool, self.backend, poisoned=poisoned)
+            else:
+                for worker in workers:
+                    worker.kill()
+                for worker in workers:
+                    worker.reap(REAP_WAIT)
+            if tcp_store is not None:
+                del tcp_store
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+    def _watch(self, workers: list[_Worker], *, deadline: float) -> None:
+        """Wait until every rank settled, the deadline passed, or the grace after a failure ran out."""
+        first_failure: float | None = None
+        sequence = 0
+        while True:
+            pending = [o for o in self.outcomes if not o.settled(reuse=self.reuse)]
+            if not pending:
+                return
+            now = time.monotonic()
+            limit = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE)
+            if now >= limit:
+                return
+            waitables: list[Any] = []
+            for outcome in pending:
+                worker = workers[outcome.rank]
+                if not outcome.conn_closed:
+                    waitables.append(worker.conn)
+                if outcome.exitcode is None:
+                    waitables.append(worker.process.sentinel)
+            if not waitables:
+                return
+            multiprocessing.connection.wait(waitables, timeout=limit - now)
+            for outcome in pending:
+                self._poll(outcome, workers[outcome.rank])
+            for outcome in pending:
+                if outcome.failed:
+                    sequence += 1
+                    outcome.failed_seq = sequence
+                    if first_failure is None:
+                        first_failure = time.monotonic()
+
+    def _poll(self, outcome: RankOutcome, worker: _Worker) -> None:
+        exited = outcome.exitcode is None and not worker.process.is_alive()
+        while not outcome.conn_closed:
+            try:
+                if not worker.conn.poll():
+                    break
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                outcome.conn_closed = True
+                break
+            outcome.record(message)
+        if exited:
+            worker.process.join(0)
+            outcome.exitcode = worker.process.exitcode
+            outcome.ended_at = time.monotonic()
+
+    def _stop_pending(self, workers: list[_Worker], out_dir: str, *, verdict: str) -> None:
+        """Dump the stacks of ranks still running, then kill every rank's process tree."""
+        pending = [o for o in self.outcomes if not o.settled(reuse=self.reuse) and o.exitcode is None]
+        for outcome in pending:
+            outcome.verdict = verdict
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(workers[outcome.rank].pid, signal.SIGUSR1)
+        if pending:
+            _wait_for_dumps([os.path.join(out_dir, f"rank{o.rank}.stack") for o in pending])
+        for worker in workers:
+            worker.kill()
+
+    def _collect_output(self, out_dir: str) -> None:
+        for outcome in self.outcomes:
+            outcome.stdout = _read(os.path.join(out_dir, f"rank{outcome.rank}.stdout"))
+            outcome.stderr = _read(os.path.join(out_dir, f"rank{outcome.rank}.stderr"))
+            if outcome.verdict in ("hung", "stopped", "interrupted"):
+                outcome.stack = _read(os.path.join(out_dir, f"rank{outcome.rank}.stack"))
+
+    def _raise_or_skip(self) -> None:
+        __tracebackhide__ = True
+        skips = [o.skip for o in self.outcomes if o.skip is not None]
+        if len(skips) == self.world_size:
+            import pytest
+
+            pytest.skip(f"all {self.world_size} ranks skipped: {skips[0]}")
+        raise build_error(
+            self.outcomes,
+            world_size=self.world_size,
+            backend=self.backend,
+            timeout=self.timeout,
+            label=self.label,
+        )
+
+    def _forward_output(self) -> None:
+        for outcome in self.outcomes:
+            if outcome.stdout:
+                sys.stdout.write(prefix_lines(outcome.stdout, outcome.rank))
+            if outcome.stderr:
+                sys.stderr.write(prefix_lines(outcome.stderr, outcome.rank))
+
+    def _interrupted_note(self) -> str:
+        error = build_error(
+            self.outcomes, world_size=self.world_size, backend=self.backend, timeout=self.timeout, label=self.label
+        )
+        return f"distinit: the ranks were torn down when the test was interrupted:\n{error}"
+
+
+def _wait_for_dumps(paths: list[str], timeout: float = STACK_DUMP_WAIT) -> None:
+    """Wait until each faulthandler dump file is written (non-empty, unchanged for 50 ms), bounded."""
+    deadline = time.monotonic() + timeout
+    sizes = dict.fromkeys(paths, -1)
+    while time.monotonic() < deadline:
+        done = True
+        for path in paths:
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = 0
+            if size == 0 or size != sizes[path]:
+                done = False
+            sizes[path] = size
+        if done:
+            return
+        time.sleep(0.05)
+
+
+def _read(path: str, limit: int = 64_000) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            data = handle.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if size > limit:
+        text = f"[... {size - limit} earlier bytes not shown ...]\n" + text.split("\n", 1)[-1]
+    return text
+
+
+def _tcp_store(timeout: float) -> Any:
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import TCPStore
+
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
