@@ -71,6 +71,8 @@ def private_dir_problem(path: str) -> str | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return f"{path!r} does not exist"
+    except OSError as exc:
+        return f"cannot inspect {path!r}: {exc.strerror or exc}"
     if not os.path.isdir(path) or os.path.islink(path):
         return f"{path!r} is not a directory"
     if st.st_uid != os.geteuid():

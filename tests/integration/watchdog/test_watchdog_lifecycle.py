@@ -1,0 +1,107 @@
+"""Server absent, killed and restarted, duplicated; the standalone daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Workers, expired_for, read_events, read_json_line, wait_for
+
+from distinit.errors import WatchdogError
+from distinit.watchdog import WatchdogServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def start_daemon(workers: Workers, wd_dir: Path, events: Path, *extra: str) -> subprocess.Popen[str]:
+    proc = workers.track(
+        subprocess.Popen(
+            [sys.executable, "-m", "distinit.watchdog._daemon", "--path", str(wd_dir), "--grace", "0",
+             "--events", str(events), *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
+    wait_for(
+        lambda: any(e["event"] == "watchdog.started" and e["server_pid"] == proc.pid for e in read_events(events))
+        or proc.poll() is not None,
+        30,
+        "the daemon to start",
+    )
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    return proc
+
+
+def test_no_server_fails_open_at_constant_cost(workers: Workers, wd_dir: Path) -> None:
+    began = time.monotonic()
+    proc = workers.spawn({"DISTINIT_WATCHDOG": str(wd_dir)}, "completes", "0.2")
+    ready = read_json_line(proc, 30)
+    assert ready["registered"] is False
+    assert "cannot reach the watchdog server" in ready["reason"]
+    assert read_json_line(proc, 30) == {"completed": True}  # 101 regions ran unguarded, nothing raised
+    assert proc.wait(20) == 0
+    assert time.monotonic() - began < 15  # torch: 0.9 s and a raise per call with no server
+
+
+def test_fail_closed_raises_a_watchdog_error(wd_dir: Path) -> None:
+    from distinit.watchdog import WatchdogClient
+
+    with pytest.raises(WatchdogError) as caught:
+        WatchdogClient(str(wd_dir), fail_closed=True)
+    assert str(wd_dir) in str(caught.value)
+    assert "distinit watchdog serve" in caught.value.fix
+
+
+def test_restarted_server_resumes_armed_deadlines(workers: Workers, wd_dir: Path, tmp_path: Path) -> None:
+    first_events, second_events = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first = start_daemon(workers, wd_dir, first_events)
+    proc = workers.spawn({"DISTINIT_WATCHDOG": str(wd_dir)}, "sleep", "2.0")
+    assert read_json_line(proc, 30)["registered"] is True
+    os.kill(first.pid, signal.SIGKILL)  # no shutdown path runs: the socket file is left stale
+    first.wait(10)
+    second = start_daemon(workers, wd_dir, second_events)
+    assert proc.wait(20) in (-signal.SIGTERM, -signal.SIGKILL)
+    ev = wait_for(expired_for(second_events, proc.pid), 5, "the expired event from the new server")
+    assert ev["server_pid"] == second.pid
+    assert ev["scope"] == "sleep-hang"
+    adopted = [e for e in read_events(second_events) if e["event"] == "watchdog.adopted"]
+    assert [e["pid"] for e in adopted] == [proc.pid]
+    assert not [e for e in read_events(first_events) if e["event"] == "watchdog.expired"]
+
+
+def test_daemon_stops_cleanly_on_sigterm(workers: Workers, wd_dir: Path, events_file: Path) -> None:
+    daemon = start_daemon(workers, wd_dir, events_file)
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(15) == 0
+    assert not (wd_dir / "sock").exists()
+    assert [e["event"] for e in read_events(events_file)] == ["watchdog.started", "watchdog.stopped"]
+
+
+def test_second_server_on_one_path_is_refused(make_server: Callable[..., WatchdogServer], wd_dir: Path) -> None:
+    make_server()
+    with pytest.raises(WatchdogError, match="already serves"):
+        WatchdogServer(str(wd_dir)).start()
+
+
+def test_server_refuses_a_directory_others_can_enter(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    with pytest.raises(WatchdogError, match="0700") as caught:
+        WatchdogServer(str(loose)).start()
+    assert "chmod 700" in caught.value.fix
+
+
+def test_stop_with_no_client_ever_returns_promptly(wd_dir: Path) -> None:
+    server = WatchdogServer(str(wd_dir)).start()
+    began = time.monotonic()
+    server.stop()
+    assert time.monotonic() - began < 2.0  # torch's FileTimerServer blocks forever in open() here
+    assert not server.running
