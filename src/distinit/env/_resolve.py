@@ -245,7 +245,8 @@ def _block_node_rank(draft: Draft) -> None:
     if draft.num_nodes is not None and draft.num_nodes != nodes:
         return
     draft.put("node_rank", offset // lws, "rule: (RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE")
-    draft.put("num_nodes", nodes, "rule: WORLD_SIZE / LOCAL_WORLD_SIZE")
+    # num_nodes is not derived: with an uneven or round-robin layout one rank cannot see the node count
+    # (hydra round-robin of 3 ranks on 2 nodes gives rank 1 LOCAL_WORLD_SIZE=1, i.e. "3 nodes").
     draft.trusted_node_rank = False
     if nodes > 1:
         draft.note(
@@ -321,9 +322,6 @@ def _check_explicit(v: Vars, draft: Draft, here: str) -> None:
             )
         draft.put("node_rank", exported, name)
         draft.trusted_node_rank = True
-        if draft.sources.get("num_nodes", ("",))[0].startswith("rule:"):
-            draft.num_nodes = None
-            draft.sources.pop("num_nodes", None)
         return
     if exported != draft.node_rank:
         source = draft.sources["node_rank"][0]

@@ -595,7 +595,7 @@ GOOD: list[Any] = [
     ),
     pytest.param(
         ompi(5, 8, 1, 4),
-        {"rank": 5, "local_rank": 1, "node_rank": 1, "num_nodes": 2, "master_addr": None, "launcher": "openmpi"},
+        {"rank": 5, "local_rank": 1, "node_rank": 1, "num_nodes": None, "master_addr": None, "launcher": "openmpi"},
         id="mpirun-2-nodes-block-assumption-no-master",
     ),
     pytest.param(
