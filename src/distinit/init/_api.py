@@ -15,6 +15,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
+from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import RendezvousError
@@ -36,8 +37,13 @@ PORT_GRACE = 30.0
 #: One reachability probe's connect bound, and its store-handshake bound.
 PROBE_TIMEOUT = 5.0
 HANDSHAKE_TIMEOUT = 3.0
-#: Collective timeout restored on the store after init when the caller gave none (torch's gloo default).
-_DEFAULT_PG_TIMEOUT = timedelta(minutes=30)
+
+
+def _default_pg_timeout(backend: str) -> timedelta:
+    """Return torch's default collective timeout for ``backend`` (10 min NCCL, 30 min others)."""
+    if backend == "nccl" and default_pg_nccl_timeout is not None:
+        return default_pg_nccl_timeout
+    return default_pg_timeout
 
 
 def _seconds(value: float | timedelta, name: str) -> float:
@@ -227,19 +233,25 @@ class _Rendezvous:
         store = self.store
         if store is None:  # pragma: no cover - joined implies a store
             raise AttemptFailed("store", "no store")
-        store.set_timeout(timedelta(seconds=max(end - time.monotonic(), 1.0)))
+        bound = timedelta(seconds=max(end - time.monotonic(), 1.0))
+        store.set_timeout(bound)
+        # The backend bootstrap waits on peers' keys with the *group* timeout, not the store's: init with
+        # the attempt bound, then restore the collective timeout (private API, feature-detected).
+        set_pg_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
         try:
             dist.init_process_group(
                 self.backend,
                 store=PrefixStore(join.prefix(generation), store),
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=self.pg_timeout,
+                timeout=bound if set_pg_timeout is not None else self.pg_timeout,
                 device_id=self.device_id,
             )
             if self.verify:
                 self._phase = "verify"
                 self._check_collective(end)
+            if set_pg_timeout is not None:
+                set_pg_timeout(self.pg_timeout or _default_pg_timeout(self.backend))
         except (ValueError, TypeError) as exc:
             self._cleanup()
             raise RendezvousError(
@@ -263,7 +275,7 @@ class _Rendezvous:
             ) from exc
         finally:
             if self.store is not None:
-                self.store.set_timeout(self.pg_timeout or _DEFAULT_PG_TIMEOUT)
+                self.store.set_timeout(self.pg_timeout or _default_pg_timeout(self.backend))
 
     def _check_collective(self, end: float) -> None:
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None

@@ -214,8 +214,22 @@ class JoinProtocol:
             raise self._read_verdict(generation, state)
 
     def missing(self, generation: int) -> list[int]:
-        """Ranks with no claim in ``generation`` (one store round trip per rank)."""
-        return [r for r in range(self.world_size) if not self.store.check([self._key(generation, f"claim/{r}")])]
+        """Ranks with no live claim in ``generation``.
+
+        A claim by a dead pid on this host (a rank that crashed after claiming) counts as missing; a dead
+        claimant on another host cannot be seen from here. Two store round trips per rank at most.
+        """
+        out = []
+        for r in range(self.world_size):
+            key = self._key(generation, f"claim/{r}")
+            if not self.store.check([key]):
+                out.append(r)
+                continue
+            host, _, rest = _text(self.store.get(key)).partition("|")
+            pid = rest.partition("|")[0]
+            if host == self.me.host and pid.isdigit() and not _pid_alive(int(pid)):
+                out.append(r)
+        return out
 
     # internals ------------------------------------------------------------------------------------
     def _progress(self, generation: int) -> None:

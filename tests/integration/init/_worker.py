@@ -18,7 +18,7 @@ import time
 def main() -> None:
     spec = json.loads(sys.argv[1])
     out = sys.argv[2]
-    logging.basicConfig(level=logging.INFO, format=f"[%(process)d] %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="[%(process)d] %(name)s %(levelname)s %(message)s")
     time.sleep(float(spec.get("start_after", 0)))
     import torch.distributed as dist
 
@@ -26,10 +26,18 @@ def main() -> None:
     from distinit.init import Backoff, init_with_retry
 
     if spec.get("mode") == "die_in_init":
+
         def die(*args: object, **kwargs: object) -> None:
             os._exit(3)
 
         dist.init_process_group = die  # type: ignore[assignment]
+    if spec.get("mode") == "die_in_join":
+        from distinit.init import _join
+
+        def die_waiting(self: object, generation: int, timeout: float) -> None:
+            os._exit(4)
+
+        _join.JoinProtocol.wait = die_waiting  # type: ignore[method-assign]
     kwargs = dict(spec.get("kwargs", {}))
     if "backoff" in kwargs:
         kwargs["backoff"] = Backoff(**kwargs["backoff"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,7 +35,9 @@ class Rank:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-            raise AssertionError(f"{self.name} still running after {timeout} s; log:\n{self.log.read_text()[-3000:]}")
+            raise AssertionError(
+                f"{self.name} still running after {timeout} s; log:\n{self.log.read_text()[-3000:]}"
+            ) from None
         if not self.out.exists():
             raise AssertionError(
                 f"{self.name} exited {self.proc.returncode} without a result; log:\n{self.log.read_text()[-3000:]}"
@@ -96,3 +99,50 @@ class Launcher:
             if handle.proc.poll() is None:
                 handle.proc.kill()
                 handle.proc.wait(timeout=10)
+
+
+class NetNs:
+    """A network namespace of our own with only ``lo`` up, a resolver pointing at its own loopback, and
+    optional nftables output rules. Root only; removed on close."""
+
+    def __init__(self, name: str, *, rules: Sequence[str] = ()) -> None:
+        self.name = name
+        self.resolv_dir = Path("/etc/netns") / name
+        subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+        try:
+            subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=10)
+            self.resolv_dir.mkdir(parents=True, exist_ok=True)
+            # ip-netns bind-mounts this over /etc/resolv.conf: lookups fail at once, locally.
+            (self.resolv_dir / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+            if rules:
+                self.nft("add table inet distinit")
+                self.nft("add chain inet distinit out { type filter hook output priority 0; }")
+                for rule in rules:
+                    self.nft(f"add rule inet distinit out {rule}")
+        except BaseException:
+            self.close()
+            raise
+
+    def nft(self, command: str) -> None:
+        subprocess.run(["ip", "netns", "exec", self.name, "nft", command], check=True, timeout=10)
+
+    @property
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False, timeout=10)
+        for child in (self.resolv_dir / "resolv.conf",):
+            child.unlink(missing_ok=True)
+        if self.resolv_dir.exists():
+            self.resolv_dir.rmdir()
+
+
+def netns_available() -> str | None:
+    """None if network namespaces and nftables can be used here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root (CAP_NET_ADMIN) to create network namespaces"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"needs the `{tool}` command (iproute2 / nftables)"
+    return None

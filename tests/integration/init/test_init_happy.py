@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from init_launch import Launcher
 
 FAST = {"deadline": 20, "attempt_timeout": 5}

@@ -1,0 +1,231 @@
+"""Fault tests for init_with_retry: misconfiguration verdicts, missing/crashing ranks, foreign listeners,
+in-process retries. Real processes, real TCPStore and gloo, loopback only."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from init_launch import Launcher, Rank, free_port
+
+SHORT = {"deadline": 15, "attempt_timeout": 5, "backoff": {"initial": 0.5, "jitter": 0.2}}
+
+
+def _wait_for_log(handle: Rank, text: str, timeout: float) -> None:
+    """Synchronise on what a rank logged (polls its log file)."""
+    end = time.monotonic() + timeout
+    while text not in handle.log.read_text():
+        if time.monotonic() > end or handle.proc.poll() is not None:
+            raise AssertionError(f"{handle.name} did not log {text!r}:\n{handle.log.read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_duplicate_rank_every_rank_raises_the_same_verdict(launcher: Launcher, port: int) -> None:
+    first = [launcher.start(0, 3, port, kwargs=SHORT), launcher.start(1, 3, port, kwargs=SHORT, name="rank1-a")]
+    dup = launcher.start(1, 3, port, kwargs=SHORT, start_after=1.0, name="rank1-b")
+    results = [h.result(40) for h in [*first, dup]]
+    messages = {r["message"].splitlines()[0] for r in results}
+    for res in results:
+        assert not res["ok"], res
+        assert res["error"] == "DuplicateRankError"
+        assert res["ranks"] == [1]
+        assert res["elapsed"] < 8, res["elapsed"]
+    assert len(messages) == 1, messages  # the SAME verdict everywhere
+    (message,) = messages
+    assert "rank 1 was claimed twice" in message
+    pids = {str(r["pid"]) for r in results[1:]}
+    assert all(f"pid {pid}" in message for pid in pids), (message, pids)
+    assert socket.gethostname() in message
+
+
+@pytest.mark.timeout(60)
+def test_duplicate_rank_zero_on_one_host(launcher: Launcher, port: int) -> None:
+    a = launcher.start(0, 3, port, kwargs=SHORT, name="rank0-a")
+    b = launcher.start(1, 3, port, kwargs=SHORT)
+    dup = launcher.start(0, 3, port, kwargs=SHORT, start_after=1.5, name="rank0-b")
+    results = [h.result(40) for h in (a, b, dup)]
+    for res in results:
+        assert res["error"] == "DuplicateRankError", res
+        assert res["ranks"] == [0]
+        assert res["elapsed"] < 10
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("size0", "size1"), [(3, 2), (2, 3)], ids=["rank0-says-3", "rank0-says-2"])
+def test_world_size_mismatch_both_ways(launcher: Launcher, port: int, size0: int, size1: int) -> None:
+    r0 = launcher.start(0, size0, port, kwargs=SHORT)
+    r1 = launcher.start(1, size1, port, kwargs=SHORT, start_after=0.5)
+    results = [r0.result(40), r1.result(40)]
+    for res in results:
+        assert res["error"] == "WorldSizeMismatchError", res
+        assert res["elapsed"] < 8
+        assert f"rank 1 says {size1}" in res["message"]
+        assert f"rank 0 says {size0}" in res["message"]
+    assert results[0]["message"] == results[1]["message"]
+
+
+@pytest.mark.timeout(60)
+def test_rank_out_of_range(launcher: Launcher, port: int) -> None:
+    kwargs = {"deadline": 6, "attempt_timeout": 3}
+    r0 = launcher.start(0, 2, port, kwargs=kwargs)
+    bad = launcher.start(2, 2, port, kwargs=kwargs)
+    res_bad = bad.result(30)
+    assert res_bad["error"] == "ConflictingEnvError"  # refused before any traffic, naming RANK
+    assert "RANK" in res_bad["message"]
+    assert res_bad["elapsed"] < 1
+    res0 = r0.result(30)
+    assert res0["error"] == "RendezvousTimeoutError"
+    assert res0["ranks"] == [1]
+    assert 5 < res0["elapsed"] < 9
+
+
+@pytest.mark.timeout(60)
+def test_rank_that_never_comes_is_named_at_the_deadline(launcher: Launcher, port: int) -> None:
+    kwargs = {"deadline": 8, "attempt_timeout": 3, "backoff": {"initial": 0.5, "jitter": 0.1}}
+    handles = [launcher.start(r, 3, port, kwargs=kwargs) for r in (0, 1)]
+    results = [h.result(40) for h in handles]
+    for res in results:
+        assert res["error"] == "RendezvousTimeoutError", res
+        assert res["ranks"] == [2]
+        assert "missing ranks [2]" in res["message"]
+        assert 7 < res["elapsed"] < 11
+    # one structured WARNING per retried attempt, naming the missing rank
+    assert "rendezvous attempt 1" in results[0]["log"] and "missing ranks [2]" in results[0]["log"]
+
+
+@pytest.fixture
+def holding_listener() -> Iterator[int]:
+    """A foreign program on a port: accepts connections and holds them without a word."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_foreign_listener_is_reported_not_hung(launcher: Launcher, holding_listener: int) -> None:
+    attempt = 5
+    worker = launcher.start(1, 2, holding_listener, kwargs={"deadline": 60, "attempt_timeout": attempt})
+    res = worker.result(40)
+    assert res["error"] == "PortInUseError", res
+    assert "not a torch TCPStore" in res["message"]
+    assert f"pid {os.getpid()}" in res["message"]  # the holder is this test process
+    assert res["elapsed"] <= attempt + 5
+
+
+@pytest.mark.timeout(60)
+def test_port_held_on_rank0_names_the_holder(launcher: Launcher, holding_listener: int) -> None:
+    master = launcher.start(0, 2, holding_listener, kwargs={"deadline": 5, "attempt_timeout": 2})
+    res = master.result(30)
+    assert res["error"] == "PortInUseError", res
+    assert "Address already in use" in res["message"]
+    assert f"pid {os.getpid()}" in res["message"]
+    assert res["elapsed"] < 8
+
+
+@pytest.mark.timeout(60)
+def test_in_process_retry_master_side(launcher: Launcher, port: int) -> None:
+    kwargs = {"deadline": 30, "attempt_timeout": 2, "backoff": {"initial": 0.5, "jitter": 0.1}}
+    master = launcher.start(0, 2, port, kwargs=kwargs)
+    worker = launcher.start(1, 2, port, kwargs=kwargs, start_after=5)
+    res0, res1 = master.result(40), worker.result(40)
+    assert res0["ok"] and res1["ok"], (res0, res1)
+    attempts = res0["report"]["attempts"]
+    assert len(attempts) >= 2
+    assert attempts[0]["error"] == "join" and attempts[0]["missing_ranks"] == [1]
+    assert "init.attempt_failed" not in res0["log"]  # the event is in `extra`, the text is human
+    assert "rendezvous attempt 1" in res0["log"]
+
+
+@pytest.mark.timeout(60)
+def test_in_process_retry_worker_side(launcher: Launcher, port: int) -> None:
+    kwargs = {"deadline": 30, "attempt_timeout": 2, "backoff": {"initial": 0.5, "jitter": 0.1}}
+    worker = launcher.start(1, 2, port, kwargs=kwargs)
+    master = launcher.start(0, 2, port, kwargs=kwargs, start_after=5)
+    res0, res1 = master.result(40), worker.result(40)
+    assert res0["ok"] and res1["ok"], (res0, res1)
+    attempts = res1["report"]["attempts"]
+    assert len(attempts) >= 2
+    assert attempts[0]["error"] == "refused"
+
+
+@pytest.mark.timeout(90)
+def test_init_failure_retried_with_group_counter_reset_master_side(launcher: Launcher, port: int) -> None:
+    """rank 1 joins, then dies inside init_process_group; rank 0's init fails, torch's group counter is
+    reset (pytorch/pytorch#46561), the generation is bumped, and a restarted rank 1 completes the world."""
+    kwargs = {"deadline": 40, "attempt_timeout": 4, "backoff": {"initial": 0.5, "jitter": 0.1}}
+    master = launcher.start(0, 2, port, kwargs=kwargs)
+    doomed = launcher.start(1, 2, port, kwargs=kwargs, mode="die_in_init", name="rank1-doomed")
+    doomed.proc.wait(timeout=30)
+    assert doomed.proc.returncode == 3
+    _wait_for_log(master, "failed in init", 30)  # restart only after rank 0's init attempt failed
+    again = launcher.start(1, 2, port, kwargs=kwargs, name="rank1-again")
+    res0, res1 = master.result(60), again.result(60)
+    assert res0["ok"] and res1["ok"], (res0, res1)
+    report = res0["report"]
+    assert report["group_counter_reset"] >= 1
+    assert report["generation"] >= 1
+    assert any(a["error"] == "init" for a in report["attempts"])
+
+
+@pytest.mark.timeout(90)
+def test_init_failure_retried_with_group_counter_reset_worker_side(launcher: Launcher, port: int) -> None:
+    kwargs = {"deadline": 40, "attempt_timeout": 4, "backoff": {"initial": 0.5, "jitter": 0.1}}
+    worker = launcher.start(1, 2, port, kwargs=kwargs)
+    doomed = launcher.start(0, 2, port, kwargs=kwargs, mode="die_in_init", name="rank0-doomed")
+    doomed.proc.wait(timeout=30)
+    assert doomed.proc.returncode == 3
+    again = launcher.start(0, 2, port, kwargs=kwargs, name="rank0-again")
+    res0, res1 = again.result(60), worker.result(60)
+    assert res0["ok"] and res1["ok"], (res0, res1)
+    assert res1["report"]["group_counter_reset"] >= 1
+
+
+@pytest.mark.timeout(60)
+def test_rank_crashing_mid_join(launcher: Launcher, port: int) -> None:
+    """rank 1 claims its rank and crashes before the world is complete: the others name it at the
+    deadline; a restarted rank 1 on the same host takes the dead claim over and the world forms."""
+    kwargs = {"deadline": 8, "attempt_timeout": 3, "backoff": {"initial": 0.5, "jitter": 0.1}}
+    r0 = launcher.start(0, 3, port, kwargs=kwargs)
+    crashing = launcher.start(1, 3, port, kwargs=kwargs, mode="die_in_join", name="rank1-crash")
+    crashing.proc.wait(timeout=30)
+    assert crashing.proc.returncode == 4
+    res0 = r0.result(30)
+    assert res0["error"] == "RendezvousTimeoutError"
+    assert res0["ranks"] == [1, 2]
+
+    port2 = free_port()
+    kwargs = {"deadline": 20, "attempt_timeout": 3, "backoff": {"initial": 0.5, "jitter": 0.1}}
+    r0 = launcher.start(0, 2, port2, kwargs=kwargs, name="rank0-b")
+    crashing = launcher.start(1, 2, port2, kwargs=kwargs, mode="die_in_join", name="rank1-crash-b")
+    crashing.proc.wait(timeout=30)
+    restarted = launcher.start(1, 2, port2, kwargs=kwargs, name="rank1-restarted")
+    res0, res1 = r0.result(30), restarted.result(30)
+    assert res0["ok"] and res1["ok"], (res0, res1)
+    assert res0["report"]["generation"] == 0  # the restart took the dead claim over in place
