@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import WORKER, Workers, expired_for, read_events, read_json_line, wait_for
+from wd_helpers import WORKER, Workers, expired_for, read_events, read_json_line, wait_for
 
 from distinit.watchdog import WatchdogServer
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import signal
-import socket
-import subprocess
 import shutil
+import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Workers, read_events, read_json_line, wait_for
+from wd_helpers import Workers, read_events, read_json_line, wait_for
 
 from distinit.watchdog import WatchdogServer, _slots
 from distinit.watchdog._ladder import LadderConfig, run_ladder
@@ -130,8 +129,13 @@ def _peer_as_nobody(socket_path: str) -> dict[str, object]:
     ids = _nobody()
     assert SYSTEM_PYTHON is not None
     out = subprocess.run(
-        [SYSTEM_PYTHON, "-c", _PEER, socket_path], capture_output=True, text=True, timeout=30, cwd="/",
-        user=ids["user"], group=ids["group"],
+        [SYSTEM_PYTHON, "-c", _PEER, socket_path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+        user=ids["user"],
+        group=ids["group"],
     )
     assert out.returncode == 0, out.stderr
     reply: dict[str, object] = json.loads(out.stdout)

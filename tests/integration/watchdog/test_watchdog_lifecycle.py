@@ -4,39 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Workers, expired_for, read_events, read_json_line, wait_for
+from wd_helpers import Workers, expired_for, read_events, read_json_line, start_daemon, wait_for
 
 from distinit.errors import WatchdogError
 from distinit.watchdog import WatchdogServer
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def start_daemon(workers: Workers, wd_dir: Path, events: Path, *extra: str) -> subprocess.Popen[str]:
-    proc = workers.track(
-        subprocess.Popen(
-            [sys.executable, "-m", "distinit.watchdog._daemon", "--path", str(wd_dir), "--grace", "0",
-             "--events", str(events), *extra],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    )
-    wait_for(
-        lambda: any(e["event"] == "watchdog.started" and e["server_pid"] == proc.pid for e in read_events(events))
-        or proc.poll() is not None,
-        30,
-        "the daemon to start",
-    )
-    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-    return proc
 
 
 def test_no_server_fails_open_at_constant_cost(workers: Workers, wd_dir: Path) -> None:

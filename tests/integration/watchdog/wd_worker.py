@@ -101,8 +101,14 @@ def main() -> None:
             except Exception:
                 errors += 1
         with client.expires(after, scope="final"):
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, errors=errors,
-                overflows=client.overflows)
+            say(
+                ready=True,
+                pid=os.getpid(),
+                thread=ident,
+                registered=client.registered,
+                errors=errors,
+                overflows=client.overflows,
+            )
             time.sleep(600)  # hang:load
     elif mode == "completes":
         for _ in range(100):
@@ -112,6 +118,19 @@ def main() -> None:
         with client.expires(after, scope="guarded"):
             time.sleep(after * 3)
         say(completed=True)
+    elif mode == "gloo":
+        import torch.distributed as dist
+
+        rank = int(sys.argv[3])
+        store = dist.FileStore(sys.argv[4], 2)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+        if rank == 0:
+            with client.expires(after, scope="barrier"):
+                say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+                dist.barrier()  # hang:gloo (rank 1 never joins)
+        else:
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            time.sleep(600)  # hang:gloo-peer
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

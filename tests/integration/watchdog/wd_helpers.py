@@ -1,0 +1,120 @@
+"""Helpers for the watchdog integration tests (a unique module name: several test folders have a conftest)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+WORKER = str(Path(__file__).with_name("wd_worker.py"))
+
+
+def read_json_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The next JSON line the worker prints, waiting at most ``timeout`` seconds."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        raise AssertionError(f"worker {proc.pid} printed nothing within {timeout} s")
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(f"worker {proc.pid} exited (rc {proc.poll()}) before printing")
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` every 10 ms until truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def expired_for(events: Path, pid: int) -> Callable[[], dict[str, Any] | None]:
+    def find() -> dict[str, Any] | None:
+        return next((e for e in read_events(events) if e["event"] == "watchdog.expired" and e["pid"] == pid), None)
+
+    return find
+
+
+class Workers:
+    """Starts worker processes and kills, by pid, any still running at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def spawn(self, env: dict[str, str], *args: str, **popen: Any) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, WORKER, *args],
+            env={**os.environ, **env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            **popen,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def track(self, proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
+        self.procs.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, 9)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+def start_daemon(workers: Workers, wd_dir: Path, events: Path, *extra: str) -> subprocess.Popen[str]:
+    proc = workers.track(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distinit.watchdog._daemon",
+                "--path",
+                str(wd_dir),
+                "--grace",
+                "0",
+                "--events",
+                str(events),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
+    wait_for(
+        lambda: (
+            any(e["event"] == "watchdog.started" and e["server_pid"] == proc.pid for e in read_events(events))
+            or proc.poll() is not None
+        ),
+        30,
+        "the daemon to start",
+    )
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    return proc
