@@ -5,5 +5,6 @@ the ``distributed`` marker and the ``dist_world`` fixture. See ``docs/testing.md
 """
 
 from distinit.testing._run import DistWorld, run_distributed
+from distinit.testing._scheduler import LAUNCHERS, compress_hostlist, scheduler_env
 
-__all__ = ["DistWorld", "run_distributed"]
+__all__ = ["LAUNCHERS", "DistWorld", "compress_hostlist", "run_distributed", "scheduler_env"]

@@ -36,7 +36,7 @@ from typing import Any, TextIO
 __all__ = ["ModuleHint", "Task", "worker_main"]
 
 _PR_SET_PDEATHSIG = 1
-_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+_HARNESS_DIR = os.path.normcase(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -314,8 +314,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _format_exception(exc: BaseException) -> str:
-    """The traceback without this module's frames (the user's code starts at the top)."""
+    """The traceback without the harness's frames (the user's code starts at the top)."""
     tb = exc.__traceback__
-    while tb is not None and os.path.normcase(os.path.abspath(tb.tb_frame.f_code.co_filename)) == _THIS_FILE:
+    while tb is not None and _is_harness(tb.tb_frame.f_code.co_filename) and tb.tb_next is not None:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _is_harness(filename: str) -> bool:
+    return os.path.dirname(os.path.normcase(os.path.abspath(filename))) == _HARNESS_DIR

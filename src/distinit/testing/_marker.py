@@ -73,7 +73,7 @@ def options_for(item: pytest.Item) -> DistributedOptions | None:
         backend=str(values.get("backend", "gloo")),
         timeout=_within_pytest_timeout(item, float(timeout)),
         gpus_per_rank=gpus,
-        reuse=bool(values.get("reuse", False)),
+        reuse=bool(values.get("reuse", item.config.getini("distributed_reuse"))),
         env=tuple(sorted(env.items())),
         init=bool(values.get("init", True)),
     )

@@ -24,6 +24,7 @@ _PHASES = {
 SUMMARY_WIDTH = 160
 _HARNESS_FILES = (
     os.path.join("distinit", "testing", "_child.py"),
+    os.path.join("distinit", "testing", "_marker.py"),
     os.path.join("multiprocessing", ""),
     '"<string>"',
 )

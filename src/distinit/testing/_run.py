@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 from distinit.testing._child import ModuleHint, Task, worker_main
 from distinit.testing._report import RankOutcome, build_error, prefix_lines
@@ -226,16 +226,25 @@ def _rank_env(
     return env
 
 
-def _check_arguments(world_size: int, timeout: float, env: Mapping[str, str] | None, gpus_per_rank: int) -> None:
+EnvSpec: TypeAlias = Mapping[str, str] | Callable[[int], Mapping[str, str]] | None
+
+
+def _env_for(env: EnvSpec, rank: int) -> dict[str, str]:
+    """The extra variables of one rank (``env`` may be one mapping for all or a function of the rank)."""
+    values = env(rank) if callable(env) else (env or {})
+    for key, value in values.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"env must map str to str, got {key!r}: {value!r} for rank {rank}")
+    return dict(values)
+
+
+def _check_arguments(world_size: int, timeout: float, gpus_per_rank: int) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     if isinstance(gpus_per_rank, bool) or not isinstance(gpus_per_rank, int) or gpus_per_rank < 0:
         raise ValueError(f"gpus_per_rank must be an integer >= 0, got {gpus_per_rank!r}")
-    for key, value in (env or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"env must map str to str, got {key!r}: {value!r}")
 
 
 def run_distributed(
@@ -245,7 +254,7 @@ def run_distributed(
     timeout: float = 30.0,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
+    env: EnvSpec = None,
     *,
     init: bool = True,
     reuse: bool = False,
@@ -267,7 +276,8 @@ def run_distributed(
             with their Python stacks, and killed with their process trees.
         args: positional arguments for ``fn`` (pickled).
         kwargs: keyword arguments for ``fn`` (pickled).
-        env: variables added to each rank's environment (after the defaults, so they win).
+        env: variables added to each rank's environment (after the defaults, so they win), or a
+            function ``rank -> variables`` (e.g. ``lambda r: scheduler_env("slurm", ..., rank=r)``).
         init: initialise the default process group before calling ``fn``. With ``False`` the ranks
             get ``MASTER_ADDR``/``MASTER_PORT`` of a store this process owns, marked
             ``TORCHELASTIC_USE_AGENT_STORE=True`` as torchrun does, so ``init_process_group()``
@@ -309,7 +319,7 @@ def run_with_modules(
     timeout: float,
     args: Sequence[Any],
     kwargs: Mapping[str, Any] | None,
-    env: Mapping[str, str] | None,
+    env: EnvSpec,
     *,
     init: bool,
     reuse: bool,
@@ -319,7 +329,8 @@ def run_with_modules(
 ) -> list[Any]:
     """``run_distributed`` that also loads ``modules`` in the ranks first (the plugin's test modules)."""
     __tracebackhide__ = True
-    _check_arguments(world_size, timeout, env, gpus_per_rank)
+    _check_arguments(world_size, timeout, gpus_per_rank)
+    rank_envs = [_env_for(env, rank) for rank in range(world_size)]
     hints = tuple(_hint_for(m.__name__, m) for m in modules) + _module_hints(fn)
     try:
         payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
@@ -331,7 +342,7 @@ def run_with_modules(
         timeout=float(timeout),
         payload=payload,
         hints=hints,
-        env=dict(env or {}),
+        env=rank_envs,
         init=init,
         reuse=reuse,
         gpus_per_rank=gpus_per_rank,
@@ -346,8 +357,10 @@ class DistWorld:
     Call it exactly like :func:`distinit.testing.run_distributed`.
     """
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, *, deadline: float | None = None) -> None:
         self.label = label
+        #: time.monotonic() by which a call must have reported (set under pytest-timeout), or None.
+        self.deadline = deadline
 
     def __call__(
         self,
@@ -357,7 +370,7 @@ class DistWorld:
         timeout: float = 30.0,
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
-        env: Mapping[str, str] | None = None,
+        env: EnvSpec = None,
         *,
         init: bool = True,
         reuse: bool = False,
@@ -365,6 +378,9 @@ class DistWorld:
     ) -> list[Any]:
         """Run ``fn`` on ``world_size`` ranks; see :func:`distinit.testing.run_distributed`."""
         __tracebackhide__ = True
+        if self.deadline is not None:
+            # Report (with the ranks' stacks) before pytest-timeout interrupts the test.
+            timeout = max(0.1, min(timeout, self.deadline - time.monotonic()))
         return run_distributed(
             fn,
             world_size,
@@ -387,7 +403,7 @@ class _Run:
     timeout: float
     payload: bytes
     hints: tuple[ModuleHint, ...]
-    env: dict[str, str]
+    env: list[dict[str, str]]
     init: bool
     reuse: bool
     gpus_per_rank: int
@@ -431,7 +447,7 @@ class _Run:
                     timeout=self.timeout,
                     payload=self.payload,
                     modules=self.hints,
-                    env=_rank_env(base_env, rank, self.world_size, self.env, store_env),
+                    env=_rank_env(base_env, rank, self.world_size, self.env[rank], store_env),
                     store=store,
                     init=self.init,
                     out_dir=out_dir,

@@ -6,13 +6,20 @@ import: everything heavy is imported when a test first uses it.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from distinit.testing._run import DistWorld
+from distinit.testing._scheduler import LAUNCHER_NAMES, LAUNCHER_PREFIXES
+from distinit.testing._scheduler import scheduler_env as _preset_env
 
-__all__ = ["dist_world"]
+__all__ = ["dist_store", "dist_world", "free_store", "scheduler_env"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -21,6 +28,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "distributed_timeout",
         "default timeout in seconds of @pytest.mark.distributed tests (default 60)",
         default="60",
+    )
+    parser.addini(
+        "distributed_reuse",
+        "run @pytest.mark.distributed tests on pooled rank processes unless the marker says reuse=False",
+        type="bool",
+        default=False,
     )
 
 
@@ -83,4 +96,64 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture
 def dist_world(request: pytest.FixtureRequest) -> DistWorld:
     """A callable that runs a function on N real ranks: ``dist_world(fn, world_size=2) -> [per-rank results]``."""
-    return DistWorld(request.node.nodeid)
+    from distinit.testing._marker import PYTEST_TIMEOUT_MARGIN, pytest_timeout_of
+
+    outer = pytest_timeout_of(request.node)
+    deadline = None
+    if outer is not None:
+        deadline = time.monotonic() + outer - min(PYTEST_TIMEOUT_MARGIN, outer * 0.25)
+    return DistWorld(request.node.nodeid, deadline=deadline)
+
+
+@pytest.fixture
+def scheduler_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., dict[str, str]]:
+    """Put a real launcher's environment into ``os.environ`` for this test (undone afterwards).
+
+    ``scheduler_env("slurm", nodes=2, tasks_per_node=8, rank=11)`` first removes every launcher
+    variable inherited from the machine (so a test run inside a real Slurm job stays
+    deterministic), then sets the preset's variables and returns them. See
+    :func:`distinit.testing.scheduler_env` for the layouts and options; LSF and PALS node files are
+    written to ``tmp_path``.
+    """
+
+    def apply(launcher: Any, **layout: Any) -> dict[str, str]:
+        if launcher in ("lsf", "pals"):
+            layout.setdefault("files_dir", str(tmp_path))
+        env = _preset_env(launcher, **layout)
+        for name in list(os.environ):
+            if name.startswith(LAUNCHER_PREFIXES) or name in LAUNCHER_NAMES:
+                monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return env
+
+    return apply
+
+
+@pytest.fixture
+def free_store() -> Iterator[Any]:
+    """A ``TCPStore`` server on ``127.0.0.1``, bound to a free port and kept open (``.host``, ``.port``).
+
+    The port is never released between choosing and using it, so clients (other processes, code
+    under test joining as workers) connect without racing anyone for it.
+    """
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    yield store
+    del store
+
+
+@pytest.fixture
+def dist_store(tmp_path: Path) -> Iterator[Any]:
+    """A ``FileStore`` in ``tmp_path`` for one process (no port at all), e.g. ``init_process_group(store=...)``."""
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import FileStore
+
+    store = FileStore(str(tmp_path / "dist_store"), 1)
+    store.set_timeout(timedelta(seconds=30))
+    yield store
+    del store
