@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from distinit.watchdog import WatchdogEvent
+from distinit.watchdog._events import EventSink, describe
+
+
+def _expired() -> WatchdogEvent:
+    return WatchdogEvent(
+        event="watchdog.expired",
+        path="/dev/shm/wd",
+        pid=42,
+        start_time=7,
+        uid=0,
+        scope="step",
+        thread=1,
+        after_s=1.0,
+        deadline=100.0,
+        overshoot_s=0.01,
+        dead_after_s=0.02,
+        stack_file="/dev/shm/wd/42.7.stack",
+        stack="File x",
+        signals=("SIGRTMIN+6", "SIGCONT", "SIGTERM"),
+        outcome="killed",
+        detail="died after SIGTERM",
+    )
+
+
+def test_event_is_frozen_and_strict() -> None:
+    ev = _expired()
+    with pytest.raises(ValidationError):
+        ev.pid = 1  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        WatchdogEvent(event="watchdog.expired", unknown=1)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        WatchdogEvent(event="watchdog.exploded")  # type: ignore[arg-type]
+
+
+def test_sink_logs_one_line_and_writes_jsonl(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "events.jsonl"
+    sink = EventSink(str(path))
+    with caplog.at_level(logging.DEBUG, logger="distinit.watchdog"):
+        sink.emit(_expired())
+    sink.close()
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR
+    assert "pid 42" in record.getMessage()
+    assert "'step'" in record.getMessage()
+    assert record.distinit["event"] == "watchdog.expired"  # type: ignore[attr-defined]
+    assert "stack" not in record.distinit  # type: ignore[attr-defined]
+    (line,) = path.read_text().splitlines()
+    assert WatchdogEvent.model_validate(json.loads(line)).model_dump(exclude={"time"}) == _expired().model_dump(
+        exclude={"time"}
+    )
+
+
+def test_describe_other_events() -> None:
+    note = WatchdogEvent(event="watchdog.exited_armed", pid=5, scope="s")
+    assert "forgotten (not killed)" in describe(note)
+    assert "started server on /p" in describe(WatchdogEvent(event="watchdog.started", path="/p"))

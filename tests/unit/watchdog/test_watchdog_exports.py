@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+import types
+
+import distinit.watchdog as watchdog
+
+
+def test_all_is_the_public_face() -> None:
+    public = {
+        name
+        for name, value in vars(watchdog).items()
+        if name.isidentifier() and not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert set(watchdog.__all__) == public
+    assert watchdog.__all__ == sorted(watchdog.__all__)
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    for name in watchdog.__all__:
+        assert getattr(watchdog, name).__doc__, name

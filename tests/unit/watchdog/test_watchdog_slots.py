@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from distinit.watchdog import _slots
+
+
+def test_table_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "123.456.slots"
+    mm = _slots.create_table(str(path), 123, 456)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert path.stat().st_size == _slots.FILE_SIZE
+    q, d = memoryview(mm).cast("Q"), memoryview(mm).cast("d")
+    base = _slots.HEADER_WORDS + 3 * _slots.SLOT_WORDS
+    q[_slots.H_HWM] = 4
+    q[base + _slots.S_SCOPE] = 0
+    q[base + _slots.S_THREAD] = 77
+    d[base + _slots.S_ARMED_AT] = 10.0
+    d[base + _slots.S_DEADLINE] = 12.5
+    reader = _slots.TableReader(str(path), os.geteuid())
+    assert (reader.pid, reader.start, reader.closed) == (123, 456, False)
+    assert reader.armed() == [(3, 12.5)]
+    assert reader.slot_info(3) == (12.5, 10.0, _slots.OVERFLOW_SCOPE, 77)
+    d[base + _slots.S_DEADLINE] = 0.0  # disarm: seen at once through the shared mapping
+    assert reader.armed() == []
+    assert reader.scope(999) == "?"
+    reader.close()
+    q.release()
+    d.release()
+    mm.close()
+
+
+def test_reader_refuses_a_file_of_another_owner(tmp_path: Path) -> None:
+    path = tmp_path / "1.2.slots"
+    _slots.create_table(str(path), 1, 2).close()
+    with pytest.raises(ValueError, match="not a slot table owned by uid"):
+        _slots.TableReader(str(path), os.geteuid() + 1)
+
+
+def test_reader_refuses_a_truncated_or_foreign_file(tmp_path: Path) -> None:
+    short = tmp_path / "1.2.slots"
+    short.write_bytes(b"x" * 100)
+    with pytest.raises(ValueError, match="size 100"):
+        _slots.TableReader(str(short), os.geteuid())
+    junk = tmp_path / "3.4.slots"
+    junk.write_bytes(b"\0" * _slots.FILE_SIZE)
+    with pytest.raises(ValueError, match="bad slot-table header"):
+        _slots.TableReader(str(junk), os.geteuid())
+
+
+def test_reader_refuses_a_symlink(tmp_path: Path) -> None:
+    real = tmp_path / "real.slots"
+    _slots.create_table(str(real), 1, 2).close()
+    link = tmp_path / "1.2.slots"
+    link.symlink_to(real)
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):  # O_NOFOLLOW: ELOOP
+        _slots.TableReader(str(link), os.geteuid())
+
+
+@pytest.mark.parametrize(
+    ("name", "parsed"),
+    [
+        pytest.param("12.345.slots", (12, 345), id="ok"),
+        pytest.param("12.345.stack", None, id="stack-file"),
+        pytest.param("12.345.slots.tmp", None, id="temporary"),
+        pytest.param("-1.345.slots", None, id="negative"),
+        pytest.param("a.b.slots", None, id="letters"),
+        pytest.param("sock", None, id="socket"),
+        pytest.param("", None, id="empty"),
+    ],
+)
+def test_parse_file_name(name: str, parsed: tuple[int, int] | None) -> None:
+    assert _slots.parse_file_name(name) == parsed
+
+
+def test_scope_names_are_cut_on_a_character_boundary() -> None:
+    raw = _slots.encode_scope("é" * 200)
+    assert len(raw) <= _slots.SCOPE_BYTES - 1
+    assert raw.decode("utf-8") == "é" * (len(raw) // 2)
