@@ -197,10 +197,11 @@ class _Rendezvous:
 
     def _connect(self, end: float) -> None:
         interval = 0.25
+        failure: AttemptFailed | None = None
         while True:
             left = end - time.monotonic()
             if left <= 0:
-                raise AttemptFailed("refused", f"nothing listened on {self.master} within the attempt")
+                raise failure or AttemptFailed("refused", f"nothing listened on {self.master} within the attempt")
             seen = probe(self.addr, self.port, min(PROBE_TIMEOUT, left), handshake_timeout=min(HANDSHAKE_TIMEOUT, left))
             logger.debug("rank %d: probe of %s: %s (%s)", self.rank, self.master, seen.kind, seen.detail)
             if seen.kind == "tcpstore":

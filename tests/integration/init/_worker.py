@@ -57,6 +57,7 @@ def main() -> None:
             claimants=list(getattr(exc, "claimants", ())),
         )
     result["elapsed"] = time.monotonic() - started
+    result["t_end"] = time.time()  # wall clock, for bounds measured from the launch
     with open(out + ".tmp", "w") as fh:
         json.dump(result, fh)
     os.replace(out + ".tmp", out)

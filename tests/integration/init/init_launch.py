@@ -81,6 +81,8 @@ class Launcher:
         environ.update(
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world_size),
             MASTER_ADDR=addr,
             MASTER_PORT=str(port),
             PYTHONWARNINGS="ignore",

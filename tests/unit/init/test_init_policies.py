@@ -1,0 +1,150 @@
+"""Pure tests of the init policies: Backoff, the retry loop (fake clock and sleep), reports, exports."""
+
+from __future__ import annotations
+
+import random
+from typing import NoReturn
+
+import pytest
+from pydantic import ValidationError
+
+import distinit.init
+from distinit.errors import DuplicateRankError, RendezvousTimeoutError
+from distinit.init import AttemptRecord, Backoff, InitReport
+from distinit.init._attempt import AttemptFailed
+from distinit.init._retry import retry_until
+
+
+def test_backoff_grows_caps_and_jitters() -> None:
+    policy = Backoff(initial=1.0, factor=2.0, cap=5.0, jitter=0.0)
+    rng = random.Random(0)
+    assert [policy.delay(n, rng) for n in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    jittered = Backoff(jitter=0.5)
+    assert all(1.0 <= jittered.delay(1, rng) <= 1.5 for _ in range(100))
+    assert Backoff().delay(10_000, rng) <= 31.0  # no overflow on huge attempt numbers
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"initial": 0}, id="zero-initial"),
+        pytest.param({"factor": 0.5}, id="shrinking"),
+        pytest.param({"cap": -1}, id="negative-cap"),
+        pytest.param({"jitter": -0.1}, id="negative-jitter"),
+        pytest.param({"retries": 3}, id="unknown-field"),
+    ],
+)
+def test_backoff_rejects_bad_values(bad: dict[str, float]) -> None:
+    with pytest.raises(ValidationError):
+        Backoff(**bad)
+
+
+def test_backoff_attempt_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="attempt must be >= 1"):
+        Backoff().delay(0, random.Random())
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_retry_until_succeeds_after_transient_failures() -> None:
+    clock = FakeClock()
+    seen: list[tuple[int, str, float]] = []
+
+    def attempt(n: int) -> str:
+        clock.now += 1.0
+        if n < 3:
+            raise AttemptFailed("join", f"attempt {n}", missing_ranks=(2,))
+        return "formed"
+
+    def give_up(last: AttemptFailed) -> NoReturn:
+        raise AssertionError("should not give up")
+
+    result = retry_until(
+        attempt,
+        deadline_at=100.0,
+        backoff=Backoff(jitter=0),
+        rng=random.Random(0),
+        pause=clock.sleep,
+        on_retry=lambda n, f, p: seen.append((n, f.kind, p)),
+        give_up=give_up,
+        clock=clock,
+    )
+    assert result == "formed"
+    assert seen == [(1, "join", 1.0), (2, "join", 2.0)]
+    assert clock.sleeps == [1.0, 2.0]
+
+
+def test_retry_until_never_retries_misconfiguration() -> None:
+    calls: list[int] = []
+
+    def attempt(n: int) -> None:
+        calls.append(n)
+        raise DuplicateRankError("rank 1 was claimed twice")
+
+    def give_up(last: AttemptFailed) -> NoReturn:
+        raise AssertionError("unreachable")
+
+    with pytest.raises(DuplicateRankError):
+        retry_until(
+            attempt,
+            deadline_at=100.0,
+            backoff=Backoff(),
+            rng=random.Random(0),
+            pause=lambda s: None,
+            on_retry=lambda n, f, p: None,
+            give_up=give_up,
+        )
+    assert calls == [1]
+
+
+def test_retry_until_respects_the_deadline() -> None:
+    clock = FakeClock()
+
+    def attempt(n: int) -> None:
+        clock.now += 3.0
+        raise AttemptFailed("refused", "nothing listens")
+
+    def give_up(last: AttemptFailed) -> NoReturn:
+        raise RendezvousTimeoutError(f"gave up after {last.detail}", ranks=(0,))
+
+    with pytest.raises(RendezvousTimeoutError):
+        retry_until(
+            attempt,
+            deadline_at=10.0,
+            backoff=Backoff(initial=4.0, jitter=0),
+            rng=random.Random(0),
+            pause=clock.sleep,
+            on_retry=lambda n, f, p: None,
+            give_up=give_up,
+            clock=clock,
+        )
+    assert clock.now <= 10.0  # pauses are clamped: never past the deadline
+    assert all(s >= 0 for s in clock.sleeps)
+
+
+def test_report_is_frozen_and_summarises() -> None:
+    record = AttemptRecord(number=1, phase="done", elapsed=0.1, started_at=0.0)
+    report = InitReport(
+        backend="gloo", rank=0, world_size=2, master="h:1", store="hosted", attempts=(record,), elapsed=0.2
+    )
+    assert "formed in 0.20 s after 1 attempt(s)" in str(report)
+    with pytest.raises(ValidationError):
+        report.rank = 3  # type: ignore[misc]
+    assert InitReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_exports() -> None:
+    public = {name for name in dir(distinit.init) if not name.startswith("_")}
+    assert set(distinit.init.__all__) <= public
+    assert {"init_with_retry", "setup", "teardown", "InitReport", "Backoff"} <= set(distinit.init.__all__)
