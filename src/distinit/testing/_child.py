@@ -265,9 +265,9 @@ def _run_task(conn: Connection, task: Task) -> bool:
         conn.send(("ok", data))
         return True
     except BaseException as exc:
-        reason = _skip_reason(exc)
-        if reason is not None:
-            conn.send(("skip", reason))
+        outcome = _outcome(exc)
+        if outcome is not None:
+            conn.send(outcome)
         else:
             conn.send(("error", phase, _type_name(exc), _first_line(exc), _format_exception(exc)))
         return False
@@ -292,10 +292,15 @@ def _teardown_group(initialised: bool) -> None:
         dist.destroy_process_group()
 
 
-def _skip_reason(exc: BaseException) -> str | None:
-    cls = type(exc)
-    if cls.__name__ == "Skipped" and cls.__module__.startswith("_pytest"):
-        return str(getattr(exc, "msg", "") or exc)
+def _outcome(exc: BaseException) -> tuple[str, str] | None:
+    """``("skip", reason)`` / ``("xfail", reason)`` for pytest.skip() / pytest.xfail() raised on a rank."""
+    outcomes = sys.modules.get("_pytest.outcomes")
+    if outcomes is None:
+        return None
+    for kind, cls_name in (("skip", "Skipped"), ("xfail", "XFailed")):
+        cls = getattr(outcomes, cls_name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return kind, str(getattr(exc, "msg", "") or exc)
     return None
 
 

@@ -43,7 +43,7 @@ class RankOutcome:
     phase: str = "start"
     result: bytes | None = None
     error: tuple[str, str, str, str] | None = None  # phase, exception type, first line, traceback
-    skip: str | None = None
+    skip: tuple[str, str] | None = None  # ("skip" or "xfail", reason) from pytest.skip()/xfail() on the rank
     exitcode: int | None = None
     conn_closed: bool = False
     verdict: str | None = None  # set by the parent: "hung", "stopped" or "interrupted"
@@ -64,8 +64,8 @@ class RankOutcome:
             self.result = bytes(message[1])
         elif kind == "error":
             self.error = (str(message[1]), str(message[2]), str(message[3]), str(message[4]))
-        elif kind == "skip":
-            self.skip = str(message[1])
+        elif kind in ("skip", "xfail"):
+            self.skip = (str(kind), str(message[1]))
 
     @property
     def failed(self) -> bool:
@@ -101,7 +101,8 @@ class RankOutcome:
                 consequence = f" (a consequence: rank {first_failed} failed first)"
             return f"raised {type_name}{': ' + message if message else ''}{where}{consequence}"
         if self.skip is not None:
-            return f"skipped ({self.skip}) while other ranks did not"
+            verb = "skipped" if self.skip[0] == "skip" else "xfailed"
+            return f"{verb} ({self.skip[1]}) while other ranks did not"
         if self.exitcode is not None and self.verdict is None:
             after = " after returning its result" if self.result is not None else where
             if self.exitcode < 0:

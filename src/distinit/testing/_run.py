@@ -330,6 +330,9 @@ def run_with_modules(
     """``run_distributed`` that also loads ``modules`` in the ranks first (the plugin's test modules)."""
     __tracebackhide__ = True
     _check_arguments(world_size, timeout, gpus_per_rank)
+    if not label:
+        # Under pytest, name the test in the report even when called directly.
+        label = os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")[0]
     rank_envs = [_env_for(env, rank) for rank in range(world_size)]
     hints = tuple(_hint_for(m.__name__, m) for m in modules) + _module_hints(fn)
     try:
@@ -380,7 +383,7 @@ class DistWorld:
         __tracebackhide__ = True
         if self.deadline is not None:
             # Report (with the ranks' stacks) before pytest-timeout interrupts the test.
-            timeout = max(0.1, min(timeout, self.deadline - time.monotonic()))
+            timeout = max(0.1, round(min(timeout, self.deadline - time.monotonic()), 1))
         return run_distributed(
             fn,
             world_size,
@@ -462,8 +465,20 @@ class _Run:
                 # and say where each one was.
                 self._stop_pending(workers, out_dir, verdict="interrupted")
                 self._collect_output(out_dir)
-                if hasattr(exc, "add_note"):
-                    exc.add_note(self._interrupted_note())
+                error = build_error(
+                    self.outcomes,
+                    world_size=self.world_size,
+                    backend=self.backend,
+                    timeout=self.timeout,
+                    label=self.label,
+                )
+                log.error(
+                    "the ranks were torn down when the test was interrupted: %s",
+                    error.what,
+                    extra={"distinit": {"event": "testing.interrupted", "label": self.label}},
+                )
+                if hasattr(exc, "add_note"):  # Python >= 3.11: the full report, stacks included
+                    exc.add_note(f"distinit: the ranks were torn down when the test was interrupted:\n{error}")
                 raise
             failed = [o for o in self.outcomes if not o.succeeded]
             poisoned = bool(failed) or not self.reuse
@@ -557,10 +572,9 @@ class _Run:
     def _raise_or_skip(self) -> None:
         __tracebackhide__ = True
         skips = [o.skip for o in self.outcomes if o.skip is not None]
-        if len(skips) == self.world_size:
-            import pytest
-
-            pytest.skip(f"all {self.world_size} ranks skipped: {skips[0]}")
+        if len(skips) == self.world_size and len({kind for kind, _ in skips}) == 1:
+            verb = "skipped" if skips[0][0] == "skip" else "xfailed"
+            _raise_outcome(skips[0][0], f"all {self.world_size} ranks {verb}: {skips[0][1]}")
         raise build_error(
             self.outcomes,
             world_size=self.world_size,
@@ -576,11 +590,15 @@ class _Run:
             if outcome.stderr:
                 sys.stderr.write(prefix_lines(outcome.stderr, outcome.rank))
 
-    def _interrupted_note(self) -> str:
-        error = build_error(
-            self.outcomes, world_size=self.world_size, backend=self.backend, timeout=self.timeout, label=self.label
-        )
-        return f"distinit: the ranks were torn down when the test was interrupted:\n{error}"
+
+def _raise_outcome(kind: str, reason: str) -> None:
+    """Skip or xfail the calling test, reported at the test's location (not this module's)."""
+    __tracebackhide__ = True
+    import pytest
+
+    if kind == "xfail":
+        pytest.xfail(reason)
+    raise pytest.skip.Exception(reason, _use_item_location=True)
 
 
 def _wait_for_dumps(paths: list[str], timeout: float = STACK_DUMP_WAIT) -> None:

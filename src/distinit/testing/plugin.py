@@ -45,29 +45,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start the fork server early (torch imports in the background) if any test will need ranks."""
+    """Mark tests this machine cannot run (GPUs, NCCL) as skipped; start the fork server if ranks are needed."""
     del config
-    if any(
-        item.get_closest_marker("distributed") is not None or "dist_world" in getattr(item, "fixturenames", ())
-        for item in items
-    ):
+    needs_ranks = False
+    for item in items:
+        if item.get_closest_marker("distributed") is not None:
+            needs_ranks = True
+            from distinit.testing._marker import options_for, skip_reason
+
+            try:
+                options = options_for(item)
+            except pytest.UsageError:
+                continue  # reported when the test runs, failing only that test
+            reason = skip_reason(options) if options is not None else None
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+        elif "dist_world" in getattr(item, "fixturenames", ()):
+            needs_ranks = True
+    if needs_ranks:
+        # torch is imported by the fork server in the background while the session goes on.
         from distinit.testing._run import warm_up
 
         warm_up()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip distributed tests this machine cannot run (GPUs, NCCL), before their fixtures are set up."""
-    if item.get_closest_marker("distributed") is None:
-        return
-    from distinit.testing._marker import options_for, skip_reason
-
-    options = options_for(item)
-    if options is not None:
-        reason = skip_reason(options)
-        if reason is not None:
-            pytest.skip(reason)
 
 
 @pytest.hookimpl(tryfirst=True)

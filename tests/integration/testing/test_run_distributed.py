@@ -77,7 +77,10 @@ def test_exception_on_one_rank_names_it_and_stops_the_others_fast() -> None:
     assert error.ranks == (1,)
     assert error.failures[1] == "raised ValueError: boom on rank 1"
     text = str(error)
-    assert text.splitlines()[0] == "1 of 3 ranks failed (backend='gloo', timeout=30 s)"
+    assert text.splitlines()[0] == (
+        "1 of 3 ranks failed in tests/integration/testing/test_run_distributed.py::"
+        "test_exception_on_one_rank_names_it_and_stops_the_others_fast (backend='gloo', timeout=30 s)"
+    )
     assert "  rank 0 was stopped by the harness after rank 1 failed (it was still running)" in text
     assert 'raise ValueError("boom on rank 1")' in text
     assert "[rank 1] rank one speaking" in text
