@@ -234,25 +234,34 @@ def _lsf_hosts(v: Vars, draft: Draft) -> None:
 
 
 def _block_node_rank(draft: Draft) -> None:
-    """Node rank from a block layout, only when integral and consistent, as a recorded assumption."""
+    """Node rank from the layout: certain on one node, else a block-layout assumption when consistent.
+
+    With the whole world on this node the answer is certain (node 0 of 1). Otherwise the block rule
+    ``(RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE`` applies only when integral and consistent with what is
+    known (a known node count must give uniform nodes); it is recorded in ``notes``. One rank cannot
+    tell a block layout from an uneven or round-robin one (hydra with hosts a:3,b:1 gives rank 3 the
+    view of "4 nodes of 1"), so the assumption can be wrong there: export NODE_RANK in such layouts.
+    """
     lws, world = draft.local_world_size, draft.world_size
-    if lws is None or draft.local_rank is None or world % lws:
+    if lws is None or draft.local_rank is None:
+        return
+    if lws == world:
+        draft.put("node_rank", 0, "rule: whole world on this node")
+        draft.put("num_nodes", 1, "rule: whole world on this node")
+        draft.trusted_node_rank = True
         return
     offset = draft.rank - draft.local_rank
-    if offset < 0 or offset % lws:
+    if world % lws or offset < 0 or offset % lws:
         return
-    nodes = world // lws
-    if draft.num_nodes is not None and draft.num_nodes != nodes:
+    if draft.num_nodes is not None and draft.num_nodes * lws != world:
         return
     draft.put("node_rank", offset // lws, "rule: (RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE")
-    # num_nodes is not derived: with an uneven or round-robin layout one rank cannot see the node count
-    # (hydra round-robin of 3 ranks on 2 nodes gives rank 1 LOCAL_WORLD_SIZE=1, i.e. "3 nodes").
+    # num_nodes is not derived: with an uneven or round-robin layout one rank cannot see the node count.
     draft.trusted_node_rank = False
-    if nodes > 1:
-        draft.note(
-            f"node_rank={offset // lws} assumes a block layout ({lws} consecutive ranks per node); it is wrong for "
-            "round-robin mappings (mpirun --map-by node). Export NODE_RANK if you map ranks otherwise."
-        )
+    draft.note(
+        f"node_rank={offset // lws} assumes a block layout ({lws} consecutive ranks per node); it is wrong for "
+        "uneven hosts and round-robin mappings (mpirun --map-by node). Export NODE_RANK if you map ranks otherwise."
+    )
 
 
 def _explicit_in_step(v: Vars, explicit: Draft, slurm: _slurm.Slurm, here: str) -> Draft:
