@@ -89,12 +89,12 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def add_watchdog_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``watchdog serve`` on a CLI's subparsers; the parsed namespace's ``func`` runs it."""
+    """Register ``watchdog serve`` on a CLI's subparsers; the parsed namespace's ``handler`` runs it."""
     wd = subparsers.add_parser("watchdog", help="same-host watchdog that kills hung workers")
     sub = wd.add_subparsers(dest="watchdog_command", required=True)
     serve_parser = sub.add_parser("serve", help="run the watchdog server until SIGTERM/SIGINT")
     add_serve_arguments(serve_parser)
-    serve_parser.set_defaults(func=run_from_args)
+    serve_parser.set_defaults(handler=run_from_args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
