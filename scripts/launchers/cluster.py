@@ -12,7 +12,8 @@ and only as root. Each node declares more CPUs than the machine has
 
 Every process started is recorded in ``<workdir>/state.json`` (pid + command line) and stopped by
 pid, after checking that the pid still runs that command line. A ``munged`` this script did not
-start is never stopped.
+start is never stopped; one it started is left running while other Slurm daemons on the machine
+(another session's cluster) still need it.
 
 Usage::
 
@@ -344,7 +345,23 @@ def stop(workdir: Path) -> None:
         return
     order = {"slurmd": 0, "slurmctld": 1, "munged": 2}
     for p in sorted(cluster.procs, key=lambda q: order.get(q.name, 0)):
+        if p.name == "munged" and _others_use_munge({q.pid for q in cluster.procs}):
+            # Another cluster on this machine (a concurrent test session) authenticates through the
+            # munged we started; stopping it would break that session. It keeps running.
+            print(f"cluster.py: leaving munged (pid {p.pid}) running: other Slurm daemons use it", file=sys.stderr)
+            continue
         _stop_pid(p)
+
+
+def _others_use_munge(ours: set[int]) -> bool:
+    """True when a Slurm daemon we did not start is running (it needs munged)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in ours:
+            continue
+        cmd = _cmdline(int(entry.name))
+        if cmd and Path(cmd[0]).name in {"slurmctld", "slurmd"} and _alive(Proc("", int(entry.name), cmd)):
+            return True
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
