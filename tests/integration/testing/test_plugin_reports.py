@@ -99,6 +99,25 @@ def test_every_rank_skips():
     pytest.skip("not on this world")
 
 
+@pytest.mark.distributed(world_size=2, timeout=20, reuse=True)
+def test_reuse_first():
+    assert dist.get_world_size() == 2
+
+
+@pytest.mark.distributed(world_size=2, timeout=20, reuse=True)
+def test_reuse_poisoned():
+    torch.manual_seed(1234)
+    raise RuntimeError(f"poison from {os.getpid()}")
+
+
+@pytest.mark.distributed(world_size=2, timeout=20, reuse=True)
+def test_reuse_after_a_failure_gets_fresh_ranks():
+    assert torch.initial_seed() != 1234
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    assert int(tensor) == 2
+
+
 def test_plain_test_after_the_failures():
     pass
 """
@@ -107,7 +126,7 @@ def test_plain_test_after_the_failures():
 def test_every_failure_shape_reports_each_failed_rank(pytester: pytest.Pytester, plugin_args: list[str]) -> None:
     pytester.makepyfile(test_shapes=SHAPES)
     result = pytester.runpytest_subprocess(*plugin_args, "-p", "no:cacheprovider", "-rs", timeout=140)
-    result.assert_outcomes(passed=5, failed=7, skipped=2)
+    result.assert_outcomes(passed=7, failed=8, skipped=2)
     out = result.stdout
     out.fnmatch_lines(
         [
