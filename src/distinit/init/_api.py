@@ -80,6 +80,12 @@ def _reset_group_counter() -> bool:
     return True
 
 
+class _Process:
+    """Process-wide count of rendezvous calls (each gets a fresh store namespace)."""
+
+    calls = 0
+
+
 class _Rendezvous:
     """The state of one ``init_with_retry`` call: store, join protocol, attempt records."""
 
@@ -113,7 +119,10 @@ class _Rendezvous:
         self.agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         self.hosting = self.rank == 0 and not self.agent
         job = env.job_id or environ.get("TORCHELASTIC_RUN_ID") or "job"
-        self.namespace = f"distinit/{job}/{env.restart_count}/"
+        # Every init_with_retry call of this process gets its own namespace: the k-th call of each rank
+        # meets the k-th call of the others (setup/teardown/setup), even if an old store outlived teardown.
+        _Process.calls += 1
+        self.namespace = f"distinit/{job}/{env.restart_count}/c{_Process.calls}/"
         self.rng = random.Random()
         self.store: TCPStore | None = None
         self.join: JoinProtocol | None = None
@@ -401,7 +410,9 @@ class _Rendezvous:
             deadline=self.deadline,
             missing=missing,
             attempts=[
-                f"#{r.number} {r.phase} {r.elapsed:.1f} s: {r.error}: {r.message}" for r in self.records if r.error
+                f"#{r.number} {r.phase} {r.elapsed:.1f} s{'' if r.error == r.phase else f' ({r.error})'}: {r.message}"
+                for r in self.records
+                if r.error
             ],
             generation=self.generation,
         ) from last

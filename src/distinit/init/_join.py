@@ -53,13 +53,20 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_PROCESS_NONCE = uuid.uuid4().hex[:12]
+
+
 class Claimant:
-    """Who this process is on the store: host, pid and a nonce (pids repeat across hosts and restarts)."""
+    """Who this process is on the store: host, pid and a nonce (pids repeat across hosts and containers).
+
+    The nonce is fixed per process, so a later call in the same process recognises its own earlier claim;
+    a forked child differs by pid.
+    """
 
     def __init__(self, host: str | None = None, pid: int | None = None, nonce: str | None = None) -> None:
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
-        self.nonce = nonce or uuid.uuid4().hex[:12]
+        self.nonce = nonce or _PROCESS_NONCE
 
     def encode(self) -> str:
         """The store value: ``host|pid|nonce``."""

@@ -33,8 +33,14 @@ def host_store(host: str, port: int, *, timeout: float) -> TCPStore:
         AttemptFailed: (kind ``port_busy``) the port is held by someone else; (kind ``store``) other failures.
     """
     try:
+        # multi_tenant: if this process still serves the port (a store that outlived teardown), reuse it.
         return TCPStore(
-            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=max(timeout, 0.1))
+            host,
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            multi_tenant=True,
+            timeout=timedelta(seconds=max(timeout, 0.1)),
         )
     except (dist.DistError, RuntimeError) as exc:
         if is_port_busy(exc):

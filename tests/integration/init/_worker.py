@@ -42,11 +42,23 @@ def main() -> None:
     if "backoff" in kwargs:
         kwargs["backoff"] = Backoff(**kwargs["backoff"])
     kwargs.setdefault("backend", "gloo")
+    events: list[dict[str, object]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            payload = getattr(record, "distinit", None)
+            if isinstance(payload, dict):
+                events.append(payload)
+
+    logging.getLogger("distinit").addHandler(Capture())
     started = time.monotonic()
-    result: dict[str, object] = {"pid": os.getpid()}
+    result: dict[str, object] = {"pid": os.getpid(), "events": events}
     try:
-        report = init_with_retry(**kwargs)
-        result.update(ok=True, report=json.loads(report.model_dump_json()))
+        if spec.get("mode") == "setup":
+            result.update(setup_sequence(kwargs))
+        else:
+            report = init_with_retry(**kwargs)
+            result.update(ok=True, report=json.loads(report.model_dump_json()))
         time.sleep(float(spec.get("hold", 0)))
     except distinit.DistinitError as exc:
         result.update(
@@ -63,6 +75,41 @@ def main() -> None:
     os.replace(out + ".tmp", out)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def setup_sequence(kwargs: dict[str, object]) -> dict[str, object]:
+    """setup() twice (idempotent), init_with_retry on the live group (compatible / not), teardown twice,
+    then a fresh setup() on the same port (re-init after destroy)."""
+    import torch.distributed as dist
+
+    from distinit import DistinitError
+    from distinit.init import init_with_retry, setup, teardown
+
+    kwargs = {k: v for k, v in kwargs.items() if k != "backend"}
+    first = setup("gloo", **kwargs)  # type: ignore[arg-type]
+    second = setup("gloo", **kwargs)  # type: ignore[arg-type]
+    again = init_with_retry("gloo")
+    try:
+        init_with_retry("mpi")
+        incompatible = "no error"
+    except DistinitError as exc:
+        incompatible = type(exc).__name__
+    teardown()
+    teardown()
+    torn_down = not dist.is_initialized()
+    third = setup("gloo", **kwargs)  # type: ignore[arg-type]
+    sizes = dist.get_world_size()
+    teardown()
+    return {
+        "ok": True,
+        "same": first is second,
+        "already": again.already_initialized,
+        "incompatible": incompatible,
+        "torn_down": torn_down,
+        "reformed": third.report.attempts[-1].phase == "done" and sizes == third.env.world_size,
+        "device": first.device,
+        "exported_rank": os.environ.get("RANK"),
+    }
 
 
 if __name__ == "__main__":
