@@ -26,27 +26,30 @@ class Step:
     direct: bool
 
 
-def plan(nbytes: Sequence[int], *, bucket_bytes: int, direct_bytes: int) -> list[Step]:
+def plan(
+    nbytes: Sequence[int], *, bucket_bytes: int, direct_bytes: int, dtypes: Sequence[object] | None = None
+) -> list[Step]:
     """Cut tensors of the given sizes into collectives, preserving order within buckets.
 
     A tensor of at least ``direct_bytes`` (or one that would not fit a bucket) gets its own
-    in-place step; the others fill buckets of at most ``bucket_bytes`` in order. Empty tensors
-    move no bytes and are left out.
+    in-place step; the others fill buckets of at most ``bucket_bytes`` in order. Buckets hold a
+    single dtype (``dtypes[i]``, any hashable) so they pack and unpack with torch's C++ flatten
+    helpers. Empty tensors move no bytes and are left out.
     """
     steps: list[Step] = []
-    pending: list[int] = []
-    pending_bytes = 0
+    pending: dict[object, tuple[list[int], int]] = {}
     for index, size in enumerate(nbytes):
         if size == 0:
             continue
         if size >= direct_bytes or size >= bucket_bytes:
             steps.append(Step((index,), size, True))
             continue
-        if pending and pending_bytes + size > bucket_bytes:
-            steps.append(Step(tuple(pending), pending_bytes, False))
-            pending, pending_bytes = [], 0
-        pending.append(index)
-        pending_bytes += size
-    if pending:
-        steps.append(Step(tuple(pending), pending_bytes, False))
+        key = dtypes[index] if dtypes is not None else None
+        indices, total = pending.get(key, ([], 0))
+        if indices and total + size > bucket_bytes:
+            steps.append(Step(tuple(indices), total, False))
+            indices, total = [], 0
+        indices.append(index)
+        pending[key] = (indices, total + size)
+    steps.extend(Step(tuple(indices), total, False) for indices, total in pending.values() if indices)
     return steps

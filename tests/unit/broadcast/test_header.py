@@ -1,0 +1,56 @@
+import pytest
+
+from distinit.broadcast._header import (
+    FIXED_WORDS,
+    HEADER_WORDS,
+    INLINE_BYTES,
+    MAGIC,
+    MAX_NDIM,
+    OP_STATE_DICT,
+    SequenceCounter,
+    View,
+    fixed_words,
+)
+
+
+def test_row_size_is_the_same_for_every_call() -> None:
+    assert HEADER_WORDS == FIXED_WORDS + INLINE_BYTES // 8
+
+
+def test_words_round_trip() -> None:
+    words = fixed_words(
+        seq=9, op=OP_STATE_DICT, src=2, has_buffer=True, status=0, dtype=1, device=1, shape=(4, 0, 7),
+        nbytes=123, fingerprint=(1 << 62) + 5, count=3, aux_nbytes=40, inline=40, global_rank=6,
+    )  # fmt: skip
+    assert len(words) == FIXED_WORDS
+    v = View.from_words(words)
+    assert (v.magic, v.seq, v.op, v.src, v.has_buffer, v.shape, v.nbytes) == (
+        MAGIC,
+        9,
+        OP_STATE_DICT,
+        2,
+        True,
+        (4, 0, 7),
+        123,
+    )
+    assert (v.fingerprint, v.count, v.aux_nbytes, v.inline, v.global_rank) == ((1 << 62) + 5, 3, 40, 40, 6)
+
+
+def test_scalar_and_no_tensor_views() -> None:
+    assert View.from_words(fixed_words(seq=1, op=1, src=0, shape=())).shape == ()
+    assert View.from_words(fixed_words(seq=1, op=1, src=0)).ndim == -1
+
+
+@pytest.mark.parametrize("ndim", [-5, MAX_NDIM + 40])
+def test_garbage_ndim_never_raises(ndim: int) -> None:
+    words = fixed_words(seq=1, op=1, src=0)
+    words[8] = ndim
+    assert len(View.from_words(words).shape) <= MAX_NDIM
+
+
+def test_sequence_counter_is_per_group() -> None:
+    class Group:
+        pass
+
+    counter, a, b = SequenceCounter(), Group(), Group()
+    assert [counter.next(a), counter.next(a), counter.next(b)] == [1, 2, 1]
