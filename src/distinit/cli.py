@@ -2,7 +2,8 @@
 
 ``distinit env`` prints the resolved world (``--json``, ``--explain``, ``--export-shell``) and can check
 it for real (``--check``: form a gloo group with the exported values and verify every rank appears once).
-Exit status: 0 ok, 2 bad environment, 3 the world check failed.
+``distinit watchdog serve`` runs the watchdog daemon until SIGTERM/SIGINT (see docs/watchdog.md).
+Exit status: 0 ok, 2 bad environment or set-up error, 3 the world check failed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError, SchedulerEnvError
+from distinit.watchdog._daemon import add_watchdog_parser
 
 EXIT_OK = 0
 EXIT_BAD_ENV = 2
@@ -163,7 +165,11 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``distinit`` argument parser."""
-    parser = argparse.ArgumentParser(prog="distinit", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="distinit",
+        description="torch.distributed start-up that survives real launchers: resolve and check the world, "
+        "run the watchdog daemon.",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     commands = parser.add_subparsers(dest="command", required=True)
     env = commands.add_parser("env", help="print the torch world resolved from launcher variables")
@@ -175,13 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--check", action="store_true", help="form a real gloo group and verify the world")
     env.add_argument("--check-timeout", type=float, default=60.0, metavar="S", help="bound for --check (60 s)")
     env.set_defaults(handler=_cmd_env)
+    add_watchdog_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``distinit`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    # The watchdog daemon's lifecycle events (started, adopted, exited while armed) are INFO.
+    verbosity = args.verbose + (1 if args.command == "watchdog" else 0)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbosity, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         status: int = args.handler(args)
