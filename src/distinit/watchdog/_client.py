@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import json
@@ -85,6 +86,13 @@ def private_dir_problem(path: str) -> str | None:
 def _after_fork_in_child() -> None:
     for client in list(_live_clients):
         client._detach_after_fork()
+
+
+def _close_at_exit() -> None:
+    # A normal interpreter exit removes this process's files; os._exit and crashes leave them for the
+    # server, which notes "exited while armed" and cleans up.
+    for client in list(_live_clients):
+        client.close()
 
 
 class _Region:
@@ -229,6 +237,7 @@ class WatchdogClient:
         _live_clients.add(self)
         if not _fork_hook_installed:
             os.register_at_fork(after_in_child=_after_fork_in_child)
+            atexit.register(_close_at_exit)
             _fork_hook_installed = True
 
     # ----------------------------------------------------------------- set-up
@@ -263,7 +272,8 @@ class WatchdogClient:
         sock.settimeout(timeout)
         try:
             sock.connect(sock_path)
-            sock.sendall(HELLO)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(HELLO)  # a server refusing us may close first; its reply is still readable
             reply = b""
             while not reply.endswith(b"\n") and len(reply) < MAX_REPLY_BYTES:
                 chunk = sock.recv(MAX_REPLY_BYTES)

@@ -313,7 +313,18 @@ class WatchdogServer:
     def _run_ladder(self, w: _Worker, slot: int, detected: float) -> None:
         deadline, armed_at, scope, thread = w.table.slot_info(slot)
         stack_path = w.stack_path if os.path.exists(w.stack_path) else None
-        result = run_ladder(w.ref, w.table.dump_signal, stack_path, self.ladder)
+        try:
+            result = run_ladder(w.ref, w.table.dump_signal, stack_path, self.ladder)
+        except Exception as exc:  # never leave the worker marked busy (and unwatched) forever
+            logger.exception(
+                "watchdog: the kill ladder for pid %d failed",
+                w.ref.pid,
+                extra={"distinit": {"event": "watchdog.ladder_failed", "pid": w.ref.pid}},
+            )
+            alive = w.ref.alive()
+            result = LadderResult(
+                outcome="unkillable" if alive else "exited", detail=f"the kill ladder failed: {exc!r}"
+            )
         ev = WatchdogEvent(
             event="watchdog.expired",
             path=self.path,
@@ -377,16 +388,16 @@ class WatchdogServer:
             conn.close()
 
     def _register_peer(self, conn: socket.socket, pid: int, uid: int) -> str | None:
+        hello = b""
+        while not hello.endswith(b"\n") and len(hello) < len(HELLO):
+            chunk = conn.recv(len(HELLO) - len(hello))  # at most 6 bytes, 0.5 s: a slow peer cannot stall us
+            if not chunk:
+                break
+            hello += chunk
         if uid != self._uid:
             return f"peer uid {uid} is not the server's uid {self._uid}; only the same user may register"
         if _proc.is_protected(pid):
             return f"pid {pid} is this server's own process or its parent; it would never be killed"
-        hello = b""
-        while not hello.endswith(b"\n") and len(hello) < len(HELLO):
-            chunk = conn.recv(len(HELLO) - len(hello))
-            if not chunk:
-                break
-            hello += chunk
         if hello != HELLO:
             return f"bad hello {hello[:16]!r}"
         w = self._watch(pid, None, uid)
@@ -451,9 +462,13 @@ class WatchdogServer:
             pid, start = parsed
             file_path = os.path.join(self.path, name)
             if _proc.start_time(pid) != start or _proc.state(pid) == "Z":
+                stack_path = os.path.join(self.path, _slots.stack_file_name(pid, start))
                 with contextlib.suppress(OSError):
                     if os.lstat(file_path).st_uid == self._uid:
                         os.unlink(file_path)  # its process is gone
+                with contextlib.suppress(OSError):
+                    if os.lstat(stack_path).st_uid == self._uid and os.lstat(stack_path).st_size == 0:
+                        os.unlink(stack_path)
                 continue
             if _proc.is_protected(pid):
                 continue
