@@ -216,12 +216,14 @@ def hydra(*opts: str, explicit_addr: bool = True) -> Builder:
 
 
 def _openmpi_in_alloc(ctx: Context, cmd: list[str]) -> list[str]:
-    # Inside an allocation Open MPI starts its orteds with srun; MASTER_ADDR comes from the resolver.
-    return [*OPENMPI_BASE, *_master_args(ctx, "-x", False), "-n", "4", *ctx.task(cmd)]
+    # Inside an allocation Open MPI starts its orteds with srun. Nothing explicit is passed: the
+    # resolver must take MASTER_ADDR from the step's node list and MASTER_PORT from the job/step id.
+    return [*OPENMPI_BASE, "-n", "4", *ctx.task(cmd)]
 
 
 def _hydra_in_alloc(ctx: Context, cmd: list[str]) -> list[str]:
-    return [HYDRA, *_master_args(ctx, "-genv", False), "-n", "4", *ctx.task(cmd)]
+    # hydra starts its proxies with srun; as above, nothing explicit.
+    return [HYDRA, "-n", "4", *ctx.task(cmd)]
 
 
 def torchrun_standalone(nproc: int) -> Builder:
@@ -415,6 +417,16 @@ SHAPES: tuple[Shape, ...] = (
         TWO,
         "slurmd_nodename",
         description="salloc -N2 --ntasks-per-node=2 mpiexec.hydra -n 4",
+    ),
+    Shape(
+        "openmpi-in-sbatch",
+        "openmpi",
+        ("slurm", "openmpi"),
+        4,
+        sbatch(["-N2", "--ntasks-per-node=2", "-w", "dnode[2-3]"], _openmpi_in_alloc),
+        ("dnode2", "dnode3"),
+        "slurmd_nodename",
+        description="sbatch -N2 --ntasks-per-node=2 on dnode[2-3], script runs mpirun.openmpi -n 4",
     ),
     # --- Open MPI ------------------------------------------------------------------------------
     Shape(

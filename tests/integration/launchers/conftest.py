@@ -44,7 +44,7 @@ def launch(request: pytest.FixtureRequest, tmp_path: Path) -> Launcher:
         command: Sequence[str],
         *,
         with_master: bool = True,
-        timeout: float = 60.0,
+        timeout: float = 90.0,
         allow_failure: bool = False,
     ) -> shapes.Result:
         require(shape.needs)
