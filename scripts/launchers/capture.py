@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("shapes", nargs="*", help="shape names (default: all)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    chosen = [SHAPES_BY_NAME[n] for n in args.shapes] if args.shapes else list(SHAPES)
+    # A capture is one world; launches forming several (concurrent steps) are not captured.
+    chosen = [SHAPES_BY_NAME[n] for n in args.shapes] if args.shapes else [s for s in SHAPES if s.worlds == 1]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="distinit-capture-"))
     slurm = None

@@ -126,6 +126,7 @@ class Shape:
         node_rank: ``exact`` (must equal the true node index), ``exact_or_none`` (the launcher
             exports no node index: None or right, never wrong).
         expect_rc: Exit status every task's command must return (2 = not launched).
+        worlds: Independent worlds the launch forms (2 for concurrent steps of one job).
         build: Builds the launches for a command.
     """
 
@@ -139,6 +140,7 @@ class Shape:
     node_rank: str = "exact"
     expect_rc: int = 0
     description: str = ""
+    worlds: int = 1
 
     def node_of(self, record: dict[str, Any]) -> int:
         """The true node index of a task record."""
@@ -261,6 +263,31 @@ def torchrun_agents(nprocs: Sequence[int], backend: str) -> Builder:
     return build
 
 
+def _srun_arbitrary(shape: Shape, ctx: Context, cmd: list[str]) -> list[Launch]:
+    # --distribution=arbitrary places task i on line i of SLURM_HOSTFILE: rank 0 on the second node.
+    hosts = ["dnode2", "dnode1", "dnode1", "dnode2"]
+    hostfile = ctx.outdir / "hostfile"
+    hostfile.write_text("\n".join(hosts) + "\n", encoding="utf-8")
+    env = ctx.env(slurm=True)
+    env["SLURM_HOSTFILE"] = str(hostfile)
+    if ctx.with_master:
+        env["MASTER_ADDR"] = hosts[0]  # the documented remedy: the resolver cannot know rank 0's host
+    argv = ["srun", "-K1", *SLURM_TIME, "--distribution=arbitrary", "-n4", *ctx.task(cmd)]
+    return [Launch(argv, env)]
+
+
+def _concurrent_steps(shape: Shape, ctx: Context, cmd: list[str]) -> list[Launch]:
+    task = shlex.join(ctx.task(cmd))
+    script = ctx.outdir / f"{shape.name}.sbatch"
+    script.write_text(
+        f"#!/bin/sh\nsrun --exact -K1 -N1 -n2 -w dnode1 {task} &\nsrun --exact -K1 -N1 -n2 -w dnode2 {task} &\nwait\n",
+        encoding="utf-8",
+    )
+    out = str(ctx.outdir / "slurm-%j.out")
+    argv = ["sbatch", "--wait", "-o", out, *SLURM_TIME, "-N2", "--ntasks-per-node=2", "-w", "dnode[1-2]", str(script)]
+    return [Launch(argv, ctx.env(slurm=True))]
+
+
 def _torchrun_in_srun(shape: Shape, ctx: Context, cmd: list[str]) -> list[Launch]:
     port = ctx.port()
     agent = [
@@ -366,6 +393,16 @@ SHAPES: tuple[Shape, ...] = (
         description="srun --mpi=pmix -N2 -n3 on dnode[2-3]",
     ),
     Shape(
+        "slurm-arbitrary",
+        "slurm",
+        ("slurm",),
+        4,
+        _srun_arbitrary,
+        TWO,
+        "slurmd_nodename",
+        description="SLURM_HOSTFILE=(dnode2,dnode1,dnode1,dnode2) srun --distribution=arbitrary -n4",
+    ),
+    Shape(
         "slurm-sbatch",
         "slurm",
         ("slurm",),
@@ -396,6 +433,17 @@ SHAPES: tuple[Shape, ...] = (
         None,
         expect_rc=2,
         description="salloc -N1 -n2 COMMAND (the allocation's shell, no srun)",
+    ),
+    Shape(
+        "slurm-concurrent-steps",
+        "slurm",
+        ("slurm",),
+        4,
+        _concurrent_steps,
+        ("dnode1", "dnode2"),
+        "slurmd_nodename",
+        worlds=2,
+        description="sbatch -N2: two concurrent `srun --exact -N1 -n2` steps, one per node (two worlds)",
     ),
     # --- MPI inside a Slurm allocation -----------------------------------------------------------
     Shape(

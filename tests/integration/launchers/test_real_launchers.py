@@ -29,7 +29,7 @@ LAUNCHED = [
     if s.name in KNOWN_WRONG
     else pytest.param(s, id=s.name)
     for s in shapes.SHAPES
-    if s.expect_rc == 0
+    if s.expect_rc == 0 and s.worlds == 1
 ]
 NOT_LAUNCHED = [s for s in shapes.SHAPES if s.expect_rc != 0]
 #: The variable holding each launcher's own rank for a task.
@@ -197,3 +197,37 @@ def test_multinode_mpi_without_master_addr_says_how_to_pass_it(name: str, launch
     for record in result.records:
         assert record["rc"] == 2, record
         assert "MASTER_ADDR" in record["stderr"], record["stderr"]
+
+
+@pytest.mark.timeout(150)
+def test_arbitrary_distribution_leaves_master_addr_unknown(launch: Launcher) -> None:
+    """With --distribution=arbitrary rank 0 is not on the first node: MASTER_ADDR must be unknown, not guessed."""
+    shape = shapes.SHAPES_BY_NAME["slurm-arbitrary"]
+    result = launch(shape, [distinit_bin(), "env", "--json"], with_master=False)
+    answers = [answer(r) for r in result.records]
+    assert sorted(a["rank"] for a in answers) == [0, 1, 2, 3]
+    for record, ans in zip(result.records, answers, strict=True):
+        assert ans["rank"] == int(record["env"]["SLURM_PROCID"])
+        assert ans["node_rank"] == shape.node_of(record), ans
+        assert ans["master_addr"] is None, ans
+        assert any("arbitrary" in note for note in ans["notes"]), ans["notes"]
+
+
+@pytest.mark.timeout(150)
+def test_concurrent_steps_of_one_job_get_distinct_ports(launch: Launcher) -> None:
+    """Two srun steps running at once in one job form two worlds; their derived MASTER_PORTs differ."""
+    shape = shapes.SHAPES_BY_NAME["slurm-concurrent-steps"]
+    result = launch(shape, check_command())
+    steps: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in result.records:
+        steps[record["env"]["SLURM_STEP_ID"]].append(answer(record))
+    assert len(steps) == 2, steps
+    ports = set()
+    for answers in steps.values():
+        assert sorted(a["rank"] for a in answers) == [0, 1], answers
+        assert {a["world_size"] for a in answers} == {2}, answers
+        assert all(a["check"]["ok"] for a in answers), answers
+        (port,) = {a["master_port"] for a in answers}
+        assert port in DERIVED_PORTS, port
+        ports.add(port)
+    assert len(ports) == 2, f"concurrent steps share MASTER_PORT {ports}"
