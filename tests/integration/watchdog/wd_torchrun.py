@@ -14,8 +14,8 @@ rank = int(os.environ["RANK"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 out_dir = sys.argv[1]
 configure(WatchdogClient(fail_closed=True))
-# A fresh key prefix per attempt: the restarted group must not read attempt 0's gloo addresses from the
-# agent's store (seen on torch 2.13: the retry then fails in connectFullMesh, "Connection refused").
+# A fresh key prefix per attempt: without it, torch 2.13's restarted gloo group sometimes fails in
+# connectFullMesh ("Connection refused") or hangs. Seen in 1 of 3 plain torchrun runs with no watchdog at all.
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
 dist.init_process_group(
     "gloo", store=dist.PrefixStore(f"attempt{attempt}", store), rank=rank, world_size=int(os.environ["WORLD_SIZE"])
