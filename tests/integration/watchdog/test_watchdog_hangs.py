@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -178,3 +180,24 @@ def test_server_never_registers_its_own_process(make_server: Callable[..., Watch
     finally:
         client.close()
     assert server.worker_pids() == []
+
+
+@pytest.mark.parametrize("kill_group", [pytest.param(True, id="kill-group"), pytest.param(False, id="worker-only")])
+def test_kill_group_takes_the_workers_children_along(
+    make_server: Callable[..., WatchdogServer], workers: Workers, events_file: Path, kill_group: bool
+) -> None:
+    from distinit.watchdog._proc import state
+
+    server = make_server(kill_group=kill_group)
+    proc = workers.spawn(server.env(), "group", "0.4", start_new_session=True)  # as torchrun starts workers
+    child = read_json_line(proc, 30)["child"]
+    try:
+        assert proc.wait(20) in (-signal.SIGTERM, -signal.SIGKILL)
+        wait_for(expired_for(events_file, proc.pid), 5, "the expired event")
+        if kill_group:
+            wait_for(lambda: state(child) in (None, "Z"), 5, "the worker's child to die with its group")
+        else:
+            assert state(child) not in (None, "Z")  # only the worker itself was signalled
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

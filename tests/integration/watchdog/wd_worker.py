@@ -131,6 +131,13 @@ def main() -> None:
         else:
             say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
             time.sleep(600)  # hang:gloo-peer
+    elif mode == "group":
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "600"])  # e.g. a dataloader worker, in our process group
+        with client.expires(after, scope="group"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, child=child.pid)
+            time.sleep(600)  # hang:group
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -216,3 +216,26 @@ def test_module_expires_uses_the_configured_client(client: WatchdogClient) -> No
     finally:
         configure(None)
         reader.close()
+
+
+def test_module_expires_creates_a_client_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from distinit.watchdog._global import configured_client
+
+    monkeypatch.setenv("DISTINIT_WATCHDOG", str(tmp_path / "wd"))
+    configure(None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="distinit.watchdog"), expires(after=5, scope="env"):
+            made = configured_client()
+            assert made is not None
+            assert made.path == str(tmp_path / "wd")
+            reader = reader_for(made)
+            ((slot, _),) = reader.armed()
+            assert reader.slot_info(slot)[2] == "env"
+            reader.close()
+    finally:
+        made = configured_client()
+        configure(None)
+        if made is not None:
+            made.close()
