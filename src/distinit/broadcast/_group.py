@@ -44,14 +44,14 @@ def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
         RuntimeError: torch.distributed is not initialised (a local precondition, same on every rank).
         ValueError: ``timeout`` is not positive.
     """
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "distinit.broadcast needs an initialised process group: call torch.distributed.init_process_group "
             "(or distinit.init_with_retry) first"
         )
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if seconds is not None and not seconds > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     pg = dist.group.WORLD if group is None else group
     facts = _FACTS.get(pg)
     if facts is None:

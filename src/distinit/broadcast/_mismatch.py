@@ -61,7 +61,8 @@ class Mismatch:
 
     def error(self) -> BroadcastMismatchError:
         """The error every rank raises, worded identically."""
-        head = f"{self.call} call #{self.seq} (src={self.src}, {self.size} ranks) disagrees on {self.field}"
+        src = f"src={self.src}" if self.src is not None else "src disputed"
+        head = f"{self.call} call #{self.seq} ({src}, {self.size} ranks) disagrees on {self.field}"
         body = self.detail or _join_views(self.views, self.src)
         tail = (
             f"Raised on all {self.size} ranks; the data was discarded."
@@ -133,7 +134,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
         return mismatch(
             "the call sequence",
             [r for r, s in enumerate(seqs) if s != common],
-            {r: f"is at its broadcast call #{s} in this group" for r, s in enumerate(seqs)},
+            {r: f"reached broadcast call #{s} in this group" for r, s in enumerate(seqs)},
             "a rank skipped or added a broadcast call (one inside `if rank == ...`, or an early return or "
             "caught exception on some ranks)",
             "make every rank of the group make the same distinit broadcast calls in the same order",
@@ -144,7 +145,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
         return mismatch(
             "the call",
             [r for r, o in enumerate(ops) if o != common],
-            {r: f"calls {OP_NAMES.get(o, f'op {o}')}" for r, o in enumerate(ops)},
+            {r: f"called {OP_NAMES.get(o, f'op {o}')}" for r, o in enumerate(ops)},
             "the ranks are at different call sites of the program",
             "make every rank of the group make the same distinit broadcast calls in the same order",
         )
@@ -156,7 +157,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
             "src",
             faulty,
             {
-                r: f"passes src={s}" + ("" if 0 <= s < size else f" (outside the group of {size})")
+                r: f"gave src={s}" + ("" if 0 <= s < size else f" (outside the group of {size})")
                 for r, s in enumerate(srcs)
             },
             "ranks that disagree on src would each wait for a different sender until the process-group timeout",
@@ -183,7 +184,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
                 "the object schema",
                 bad,
                 {
-                    r: f"expects type= with schema fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x}"
+                    r: f"gave a type= with schema fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x}"
                     for r in [src, *bad]
                 },
                 "the type= passed on those ranks differs from src's (another class, field set, or code version)",

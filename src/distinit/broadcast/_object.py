@@ -278,6 +278,14 @@ def broadcast_object(
     if verdict is not None:
         raise verdict.error() from local_exc
     sv = exchanged.views[src]
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "rank %d: %s call #%d from src %d: %s, %d JSON bytes%s, %d tensors",
+            ctx.rank, CALL, ctx.seq, src, _type_name(tp), sv.aux_nbytes,
+            " inline" if sv.inline != _header.NOT_INLINE else "", sv.count,
+            extra={"distinit": {"event": "broadcast.call", "call": CALL, "seq": ctx.seq, "src": src,
+                                "rank": ctx.rank, "nbytes": sv.aux_nbytes + sv.nbytes}},
+        )  # fmt: skip
     if sv.inline != _header.NOT_INLINE:
         if is_src:
             return obj

@@ -132,11 +132,12 @@ def diff_metadata(metas: Sequence[list[Entry] | None], src: int) -> tuple[str, l
             parts.append(f"has {k!r} as {describe(*mine[k])} where src has {describe(*ref_keys[k])}")
         if len(changed) > MAX_LISTED:
             parts.append(f"(+{len(changed) - MAX_LISTED} more tensors differ in dtype or shape)")
-        views[rank] = "; ".join(parts)
+        views[rank] = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
         lines.append(f"rank {rank} {views[rank]}")
     field = "the key set" if key_problem else "tensor dtypes and shapes"
-    views[src] = f"has {len(ref)} tensors"
-    return field, faulty, views, f"src rank {src} has {len(ref)} tensors; " + "; ".join(lines)
+    count = f"{len(ref)} tensor{'s' if len(ref) != 1 else ''}"
+    views[src] = f"has {count}"
+    return field, faulty, views, f"src rank {src} has {count}; " + "; ".join(lines)
 
 
 def _listed(keys: Sequence[str]) -> str:
@@ -268,8 +269,8 @@ def _explain(
         verdict.call, verdict.seq, verdict.size, src, field, tuple(faulty), diff_views,
         "the models or state dicts differ (another config, code version, or a key renamed or wrapped, "
         "e.g. a 'module.' prefix from DDP)",
-        "build the same model (same config and code) on every rank, or pass None on receivers of "
-        "broadcast_state_dict to take src's keys",
+        "build the same model (same config and code) on every rank"
+        + (", or pass None on receivers to take src's keys" if verdict.call == "broadcast_state_dict" else ""),
         detail=detail,
     )  # fmt: skip
 
@@ -321,6 +322,13 @@ def _run(
         if verdict is not None:
             raise verdict.error()
         sv = views[src]
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "rank %d: %s call #%d from src %d: %d tensors, %d bytes",
+                ctx.rank, call, ctx.seq, src, sv.count, sv.nbytes,
+                extra={"distinit": {"event": "broadcast.call", "call": call, "seq": ctx.seq, "src": src,
+                                    "rank": ctx.rank, "nbytes": sv.nbytes}},
+            )  # fmt: skip
         if is_src:
             if names is None or tensors is None:  # unreachable: the verdict checked src's status
                 raise RuntimeError(f"{call}: src passed no tensors but the verdict let it through")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from distinit.broadcast import _header, _mismatch
-from distinit.broadcast._dtypes import DTYPE_OF_CODE, device_type_code, dtype_code
+from distinit.broadcast._dtypes import DTYPE_OF_CODE, describe, device_type_code, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._transport import (
     as_bytes,
@@ -120,6 +120,14 @@ def broadcast_tensor(
     if verdict is not None:
         raise verdict.error() from (TypeError(_mismatch.STATUS_TEXT[status]) if status else None)
     sv = exchanged.views[src]
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "rank %d: %s call #%d from src %d: %s, %d bytes%s",
+            ctx.rank, CALL, ctx.seq, src, describe(sv.dtype, sv.shape), sv.nbytes,
+            " inline" if sv.inline != _header.NOT_INLINE else "",
+            extra={"distinit": {"event": "broadcast.call", "call": CALL, "seq": ctx.seq, "src": src,
+                                "rank": ctx.rank, "nbytes": sv.nbytes}},
+        )  # fmt: skip
     if is_src:
         if usable is None:  # unreachable: the verdict checked src's status
             raise RuntimeError(f"{CALL}: src passed no tensor but the verdict let it through")

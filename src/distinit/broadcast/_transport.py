@@ -61,7 +61,7 @@ def timeout_error(
         what = f"lost a peer during its {phase}"
     return BroadcastMismatchError(
         f"{call} call #{ctx.seq} (src={src}, {ctx.size} ranks) {what} on rank {ctx.rank} "
-        f"(global rank {ctx.global_rank}): {str(exc).splitlines()[0][:300]}",
+        f"(global rank {ctx.global_rank}): {_first_line(str(exc))}",
         call=call,
         seq=ctx.seq,
         field="timeout" if exc.timed_out else "peer",
@@ -73,6 +73,14 @@ def timeout_error(
         fix="read the other ranks' logs for the first error; the process group is unusable after this, "
         "so destroy it (or restart the job)",
     )
+
+
+def _first_line(text: str) -> str:
+    """The gloo message without its source-path prefix (``[/__w/.../pair.cc:553] ``), one line, bounded."""
+    line = text.strip().splitlines()[0] if text.strip() else "no detail"
+    if line.startswith("[") and "] " in line:
+        line = line.split("] ", 1)[1]
+    return line[:300]
 
 
 def wait_or_raise(work: Any, ctx: CallContext, call: str, src: int, phase: str) -> None:

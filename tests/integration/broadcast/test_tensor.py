@@ -192,3 +192,20 @@ def cuda_round_trip() -> bool:
 @pytest.mark.timeout(60)
 def test_cuda_tensors_over_gloo_are_staged(dist_world: DistWorld) -> None:
     assert dist_world(cuda_round_trip, world_size=1, timeout=30) == [True]
+
+
+def nccl_world_of_one() -> bool:
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_object, broadcast_tensor
+
+    torch.cuda.set_device(0)
+    got = broadcast_tensor(torch.arange(4.0, device="cuda"))
+    again = broadcast_tensor(None, device="cuda") if dist.get_world_size() > 1 else got
+    return bool(torch.equal(again.cpu(), torch.arange(4.0))) and broadcast_object(3, type=int) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device for the NCCL backend")
+@pytest.mark.timeout(60)
+def test_nccl_uses_the_current_cuda_device(dist_world: DistWorld) -> None:
+    assert dist_world(nccl_world_of_one, world_size=1, backend="nccl", timeout=30) == [True]

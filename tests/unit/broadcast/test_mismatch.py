@@ -85,7 +85,7 @@ def test_smaller_receiver_mentions_sigabrt() -> None:
 
 def test_src_message_explains_group_local_src() -> None:
     error = judge([sender(), buffer(src=1)], my_op=OP_TENSOR, seq=3).error()  # type: ignore[union-attr]
-    assert "rank 1 passes src=1" in str(error)
+    assert "rank 1 gave src=1" in str(error)
     assert "not the global rank" in error.fix
 
 
