@@ -1,0 +1,62 @@
+"""The ladder's decisions, on stand-in process handles (no real process can be made unkillable on demand)."""
+
+from __future__ import annotations
+
+import signal
+
+from distinit.watchdog._ladder import LadderConfig, run_ladder
+from distinit.watchdog._proc import ProcessRef
+
+
+class StandIn(ProcessRef):
+    """A handle that records signals; ``dies_on`` says which signal ends it (None: nothing does, like D-state)."""
+
+    def __init__(self, dies_on: int | None, gone: bool = False) -> None:
+        super().__init__(pid=2**22 + 7, start=1)
+        self.sent: list[int] = []
+        self.dies_on = dies_on
+        self.dead = gone
+
+    def alive(self) -> bool:
+        return not self.dead
+
+    def matches(self) -> bool:
+        return not self.dead
+
+    def send(self, sig: int) -> bool:
+        if self.dead:
+            return False
+        self.sent.append(sig)
+        if sig == self.dies_on:
+            self.dead = True
+        return True
+
+    def wait_exit(self, timeout: float) -> bool:
+        return self.dead
+
+
+def test_sigterm_enough_with_grace() -> None:
+    proc = StandIn(dies_on=signal.SIGTERM)
+    result = run_ladder(proc, 0, None, LadderConfig(grace=1.0, dump_stacks=False))
+    assert (result.outcome, result.signals) == ("killed", ["SIGCONT", "SIGTERM"])
+    assert result.dead_at is not None
+
+
+def test_escalates_to_sigkill() -> None:
+    proc = StandIn(dies_on=signal.SIGKILL)
+    result = run_ladder(proc, 0, None, LadderConfig(grace=0.01, dump_stacks=False))
+    assert (result.outcome, result.signals) == ("killed", ["SIGCONT", "SIGTERM", "SIGKILL"])
+
+
+def test_reports_an_unkillable_worker_instead_of_waiting_forever() -> None:
+    proc = StandIn(dies_on=None)
+    result = run_ladder(proc, 0, None, LadderConfig(grace=0.0, dump_stacks=False, verify_timeout=0.01))
+    assert result.outcome == "unkillable"
+    assert result.signals == ["SIGCONT", "SIGTERM", "SIGKILL"]
+    assert "after SIGKILL" in result.detail
+
+
+def test_an_already_dead_worker_is_never_signalled() -> None:
+    proc = StandIn(dies_on=None, gone=True)
+    result = run_ladder(proc, signal.SIGRTMIN + 6, "/nonexistent", LadderConfig())
+    assert (result.outcome, result.signals, proc.sent) == ("exited", [], [])
