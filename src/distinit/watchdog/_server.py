@@ -500,7 +500,8 @@ class WatchdogServer:
         if w is None:
             return
         if kind == "sock":
-            assert w.sock is not None
+            if w.sock is None:  # dropped earlier in this same batch of events
+                return
             try:
                 data = w.sock.recv(4096)
             except (BlockingIOError, InterruptedError):
