@@ -16,6 +16,7 @@ Prints a table and writes ``benchmarks/results/watchdog.{md,json}``. Linux only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -99,6 +100,7 @@ def _cost_child(impl: str, path: str, n: int, spaced: int, conn: Connection) -> 
         out = {
             "explicit": _time_regions(lambda: client.expires(LONG, scope="step"), n, spaced),
             "default": _time_regions(lambda: client.expires(LONG), n, spaced),
+            "empty": _time_regions(contextlib.nullcontext, n, spaced),  # the floor of this measurement
         }
     else:
         from torch.distributed.elastic.timer import FileTimerClient, expires
@@ -439,6 +441,8 @@ def render(res: dict[str, Any]) -> str:
         f"| same, spaced 1 ms, p50 (p99) | {c['distinit']['explicit']['spaced_p50_us']:.2f} µs "
         f"({c['distinit']['explicit']['spaced_p99_us']:.1f}) | {c['torch']['explicit']['spaced_p50_us']:.1f} µs "
         f"({c['torch']['explicit']['spaced_p99_us']:.0f}) | |",
+        f"| floor: an empty `with nullcontext()`, p50 tight / spaced 1 ms | "
+        f"{c['distinit']['empty']['p50_us']:.2f} / {c['distinit']['empty']['spaced_p50_us']:.2f} µs | | |",
         f"| arm+disarm, default scope, p50 | {c['distinit']['default']['p50_us']:.2f} µs | "
         f"{c['torch']['default']['p50_us']:.0f} µs | |",
         f"| single client: calls that raised | {c['distinit']['explicit']['errors']} of "
@@ -487,7 +491,9 @@ def render(res: dict[str, Any]) -> str:
         "`lost` for distinit counts arms missing from the server's view of each client's shared table plus "
         "regions left armed; for torch, acquire/release messages the server never received. Latency is from the "
         "deadline (CLOCK_MONOTONIC) to the moment the parent's pidfd reported the worker dead; distinit's "
-        "includes the faulthandler stack dump. Worker deadlines are randomised in [0.3, 0.6] s; with n ≤ 30 "
+        "includes the faulthandler stack dump. Spaced calls run on a cold CPU after each 1 ms sleep (see the "
+        "empty-block floor), which is closer to one region per training step. "
+        "Worker deadlines are randomised in [0.3, 0.6] s; with n ≤ 30 "
         "the p99 is the largest or second-largest trial. The worst single call under load is the OS "
         "scheduler, not the watchdog: 100 busy processes share 2 cores and a distinit arm makes no system "
         "call, while torch's worst calls include its 0.1 s open retries.\n"

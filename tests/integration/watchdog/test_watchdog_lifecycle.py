@@ -83,3 +83,16 @@ def test_stop_with_no_client_ever_returns_promptly(wd_dir: Path) -> None:
     server.stop()
     assert time.monotonic() - began < 2.0  # torch's FileTimerServer blocks forever in open() here
     assert not server.running
+
+
+def test_server_started_after_the_worker_adopts_its_deadlines(
+    make_server: Callable[..., WatchdogServer], workers: Workers, wd_dir: Path, events_file: Path
+) -> None:
+    proc = workers.spawn({"DISTINIT_WATCHDOG": str(wd_dir)}, "sleep", "2.0")
+    ready = read_json_line(proc, 30)
+    assert ready["registered"] is False  # failed open: no server yet
+    make_server()  # same path, started late
+    assert proc.wait(20) in (-signal.SIGTERM, -signal.SIGKILL)
+    ev = wait_for(expired_for(events_file, proc.pid), 5, "the expired event")
+    assert ev["scope"] == "sleep-hang"
+    assert any(e["event"] == "watchdog.adopted" and e["pid"] == proc.pid for e in read_events(events_file))
