@@ -251,6 +251,10 @@ def _run_task(conn: Connection, task: Task) -> bool:
                 timeout=timedelta(seconds=task.timeout),
             )
             initialised = True
+            # gloo's init can return on one rank before its peers finished connectFullMesh; a rank
+            # that then finishes the test and exits fails its peers' init ("Connection closed by
+            # peer", seen under xdist). One barrier makes every rank fully connected first.
+            dist.barrier()
         phase = "run"
         conn.send(("phase", phase))
         result = fn(*args, **kwargs)

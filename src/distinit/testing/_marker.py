@@ -5,12 +5,22 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-__all__ = ["MARKER", "DistributedOptions", "call_test", "options_for", "run_marked", "skip_reason"]
+__all__ = [
+    "MARKER",
+    "TEST_STARTED",
+    "DistributedOptions",
+    "call_test",
+    "options_for",
+    "pytest_deadline",
+    "run_marked",
+    "skip_reason",
+]
 
 MARKER = "distributed"
 MARKER_HELP = (
@@ -22,12 +32,15 @@ MARKER_HELP = (
 PYTEST_TIMEOUT_MARGIN = 3.0
 DEFAULT_TIMEOUT = 60.0
 
+#: When the test's setup began (``time.monotonic()``), stashed on items that need ranks.
+TEST_STARTED = pytest.StashKey[float]()
+
 _KNOWN = ("world_size", "backend", "timeout", "gpus_per_rank", "reuse", "env", "init")
 
 
 @dataclass(frozen=True)
 class DistributedOptions:
-    """The marker's arguments, validated, with the timeout resolved against pytest-timeout."""
+    """The marker's arguments, validated."""
 
     world_size: int = 2
     backend: str = "gloo"
@@ -71,7 +84,7 @@ def options_for(item: pytest.Item) -> DistributedOptions | None:
     return DistributedOptions(
         world_size=world_size,
         backend=str(values.get("backend", "gloo")),
-        timeout=_within_pytest_timeout(item, float(timeout)),
+        timeout=float(timeout),
         gpus_per_rank=gpus,
         reuse=bool(values.get("reuse", item.config.getini("distributed_reuse"))),
         env=tuple(sorted(env.items())),
@@ -93,12 +106,17 @@ def pytest_timeout_of(item: pytest.Item) -> float | None:
     return float(timeout) if timeout else None
 
 
-def _within_pytest_timeout(item: pytest.Item, timeout: float) -> float:
-    """Our deadline, moved before pytest-timeout's so the report names ranks and shows their stacks."""
+def pytest_deadline(item: pytest.Item) -> float | None:
+    """``time.monotonic()`` by which distinit must report so pytest-timeout does not interrupt first.
+
+    pytest-timeout's clock starts with the test's setup; the plugin stashes that moment in
+    ``TEST_STARTED``. None when pytest-timeout is absent or off for this test.
+    """
     outer = pytest_timeout_of(item)
     if outer is None:
-        return timeout
-    return max(min(timeout, outer - min(PYTEST_TIMEOUT_MARGIN, outer * 0.25)), 0.1)
+        return None
+    started = item.stash.get(TEST_STARTED, time.monotonic())
+    return started + outer - min(PYTEST_TIMEOUT_MARGIN, outer * 0.25)
 
 
 def skip_reason(options: DistributedOptions) -> str | None:
@@ -166,4 +184,5 @@ def run_marked(item: pytest.Function, options: DistributedOptions) -> None:
         gpus_per_rank=options.gpus_per_rank,
         label=item.nodeid,
         modules=(module,),
+        deadline=pytest_deadline(item),
     )

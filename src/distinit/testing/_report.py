@@ -110,6 +110,8 @@ class RankOutcome:
             if self.exitcode == 0:
                 return f"exited with code 0 without returning a result{where}"
             return f"exited with code {self.exitcode}{after}"
+        if self.verdict == "hung" and self.phase == "start":
+            return f"did not start within {timeout:g} s (an overloaded machine, or a fork server stuck importing)"
         if self.verdict == "hung":
             return f"hung{where}: still running after the {timeout:g} s timeout"
         if self.verdict == "stopped":
@@ -127,7 +129,12 @@ class RankOutcome:
         if self.verdict is not None:
             stack = clean_stack(self.stack)
             lines.append(f"Python stack of rank {self.rank} when it was stopped (faulthandler):")
-            lines.append(stack if stack else "(no stack: the rank did not answer SIGUSR1 in time)")
+            if stack:
+                lines.append(stack)
+            elif self.phase == "start":
+                lines.append("(no stack: the rank had not started yet)")
+            else:
+                lines.append("(no stack: the rank did not answer SIGUSR1 in time)")
         for name, text in (("stdout", self.stdout), ("stderr", self.stderr)):
             if text.strip():
                 lines.append(STREAM.format(rank=self.rank, name=name))

@@ -45,6 +45,9 @@ FAILURE_GRACE = 0.5
 STACK_DUMP_WAIT = 1.0
 #: How long to wait for a killed rank to be reaped.
 REAP_WAIT = 2.0
+#: How long the ranks may take to start (the fork server imports torch once per test process; on an
+#: overloaded machine that alone took 10 s). The ``timeout`` of a run starts when every rank runs.
+STARTUP_TIMEOUT = 120.0
 
 _PRELOAD = ["torch", "torch.distributed", "distinit.testing._child"]
 _lock = threading.Lock()
@@ -105,18 +108,24 @@ def _start_workers(world_size: int, *, reuse: bool) -> list[_Worker]:
     ctx = _context()
     with _lock:
         ctx.set_forkserver_preload(_preload())
-    workers = []
-    for rank in range(world_size):
-        parent_end, child_end = ctx.Pipe(duplex=True)
-        process = ctx.Process(
-            target=worker_main,
-            args=(child_end, os.getpid(), reuse),
-            name=f"distinit-rank{rank}",
-            daemon=False,
-        )
-        process.start()
-        child_end.close()
-        workers.append(_Worker(process, parent_end))
+    workers: list[_Worker] = []
+    try:
+        for rank in range(world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            process = ctx.Process(
+                target=worker_main,
+                args=(child_end, os.getpid(), reuse),
+                name=f"distinit-rank{rank}",
+                daemon=False,
+            )
+            process.start()  # blocks until the fork server has imported torch (first time only)
+            child_end.close()
+            workers.append(_Worker(process, parent_end))
+    except BaseException:
+        for worker in workers:  # interrupted (pytest-timeout, ^C): leave nothing behind
+            worker.kill()
+            worker.reap(REAP_WAIT)
+        raise
     return workers
 
 
@@ -309,6 +318,7 @@ def run_distributed(
         gpus_per_rank=gpus_per_rank,
         label=label,
         modules=(),
+        deadline=None,
     )
 
 
@@ -326,8 +336,13 @@ def run_with_modules(
     gpus_per_rank: int,
     label: str,
     modules: Sequence[ModuleType],
+    deadline: float | None,
 ) -> list[Any]:
-    """``run_distributed`` that also loads ``modules`` in the ranks first (the plugin's test modules)."""
+    """``run_distributed`` that also loads ``modules`` in the ranks first (the plugin's test modules).
+
+    ``deadline`` (``time.monotonic()``) is a hard limit on top of ``timeout``: the plugin sets it so
+    that distinit reports before pytest-timeout interrupts the test.
+    """
     __tracebackhide__ = True
     _check_arguments(world_size, timeout, gpus_per_rank)
     if not label:
@@ -350,6 +365,7 @@ def run_with_modules(
         reuse=reuse,
         gpus_per_rank=gpus_per_rank,
         label=label,
+        deadline=deadline,
     )
     return run.execute()
 
@@ -381,10 +397,7 @@ class DistWorld:
     ) -> list[Any]:
         """Run ``fn`` on ``world_size`` ranks; see :func:`distinit.testing.run_distributed`."""
         __tracebackhide__ = True
-        if self.deadline is not None:
-            # Report (with the ranks' stacks) before pytest-timeout interrupts the test.
-            timeout = max(0.1, round(min(timeout, self.deadline - time.monotonic()), 1))
-        return run_distributed(
+        return run_with_modules(
             fn,
             world_size,
             backend,
@@ -396,6 +409,8 @@ class DistWorld:
             reuse=reuse,
             gpus_per_rank=gpus_per_rank,
             label=self.label,
+            modules=(),
+            deadline=self.deadline,  # report (with the stacks) before pytest-timeout interrupts
         )
 
 
@@ -411,7 +426,10 @@ class _Run:
     reuse: bool
     gpus_per_rank: int
     label: str
+    deadline: float | None = None
     outcomes: list[RankOutcome] = field(default_factory=list)
+    #: the timeout the report states: ``timeout``, or less when ``deadline`` cut the run short
+    effective_timeout: float = 0.0
 
     def execute(self) -> list[Any]:
         __tracebackhide__ = True
@@ -459,7 +477,7 @@ class _Run:
                 )
                 worker.conn.send(task)
             try:
-                self._watch(workers, deadline=started + self.timeout)
+                self._watch(workers, started=started)
             except BaseException as exc:
                 # Interrupted from outside (pytest-timeout's signal method, ^C): leave no rank behind,
                 # and say where each one was.
@@ -469,7 +487,7 @@ class _Run:
                     self.outcomes,
                     world_size=self.world_size,
                     backend=self.backend,
-                    timeout=self.timeout,
+                    timeout=self.effective_timeout or self.timeout,
                     label=self.label,
                 )
                 log.error(
@@ -503,17 +521,34 @@ class _Run:
                 del tcp_store
             shutil.rmtree(out_dir, ignore_errors=True)
 
-    def _watch(self, workers: list[_Worker], *, deadline: float) -> None:
-        """Wait until every rank settled, the deadline passed, or the grace after a failure ran out."""
+    def _watch(self, workers: list[_Worker], *, started: float) -> None:
+        """Wait until every rank settled, the timeout passed, or the grace after a failure ran out.
+
+        The timeout runs from the moment every rank is running (has sent its first message), so
+        the fork server's one-off torch import does not eat a test's timeout; starting itself is
+        bounded by ``STARTUP_TIMEOUT``. ``self.deadline`` caps both.
+        """
         first_failure: float | None = None
+        run_started: float | None = None
         sequence = 0
+        self.effective_timeout = self.timeout
         while True:
             pending = [o for o in self.outcomes if not o.settled(reuse=self.reuse)]
             if not pending:
                 return
             now = time.monotonic()
-            limit = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE)
+            if run_started is None and all(o.phase != "start" or o.settled(reuse=self.reuse) for o in self.outcomes):
+                run_started = now
+            limit = started + STARTUP_TIMEOUT if run_started is None else run_started + self.timeout
+            if self.deadline is not None:
+                limit = min(limit, self.deadline)
+            if first_failure is not None:
+                limit = min(limit, first_failure + FAILURE_GRACE)
             if now >= limit:
+                if run_started is not None and first_failure is None:
+                    self.effective_timeout = min(self.timeout, round(now - run_started, 1))
+                elif run_started is None:
+                    self.effective_timeout = round(now - started, 1)
                 return
             waitables: list[Any] = []
             for outcome in pending:
@@ -553,12 +588,16 @@ class _Run:
     def _stop_pending(self, workers: list[_Worker], out_dir: str, *, verdict: str) -> None:
         """Dump the stacks of ranks still running, then kill every rank's process tree."""
         pending = [o for o in self.outcomes if not o.settled(reuse=self.reuse) and o.exitcode is None]
+        dumping = []
         for outcome in pending:
             outcome.verdict = verdict
+            if outcome.phase == "start":
+                continue  # faulthandler is not registered yet: SIGUSR1 would just kill it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(workers[outcome.rank].pid, signal.SIGUSR1)
-        if pending:
-            _wait_for_dumps([os.path.join(out_dir, f"rank{o.rank}.stack") for o in pending])
+                dumping.append(outcome)
+        if dumping:
+            _wait_for_dumps([os.path.join(out_dir, f"rank{o.rank}.stack") for o in dumping])
         for worker in workers:
             worker.kill()
 
@@ -579,7 +618,7 @@ class _Run:
             self.outcomes,
             world_size=self.world_size,
             backend=self.backend,
-            timeout=self.timeout,
+            timeout=self.effective_timeout or self.timeout,
             label=self.label,
         )
 

@@ -70,6 +70,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Note when a test that needs ranks starts (pytest-timeout's clock starts about then)."""
+    if item.get_closest_marker("distributed") is not None or "dist_world" in getattr(item, "fixturenames", ()):
+        from distinit.testing._marker import TEST_STARTED
+
+        item.stash[TEST_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run a ``@pytest.mark.distributed`` test on every rank instead of in this process."""
     if pyfuncitem.get_closest_marker("distributed") is None:
@@ -95,13 +104,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture
 def dist_world(request: pytest.FixtureRequest) -> DistWorld:
     """A callable that runs a function on N real ranks: ``dist_world(fn, world_size=2) -> [per-rank results]``."""
-    from distinit.testing._marker import PYTEST_TIMEOUT_MARGIN, pytest_timeout_of
+    from distinit.testing._marker import pytest_deadline
 
-    outer = pytest_timeout_of(request.node)
-    deadline = None
-    if outer is not None:
-        deadline = time.monotonic() + outer - min(PYTEST_TIMEOUT_MARGIN, outer * 0.25)
-    return DistWorld(request.node.nodeid, deadline=deadline)
+    return DistWorld(request.node.nodeid, deadline=pytest_deadline(request.node))
 
 
 @pytest.fixture

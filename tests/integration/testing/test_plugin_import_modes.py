@@ -66,7 +66,6 @@ def conftest_fn():
     ("layout", "import_mode"),
     [
         pytest.param("rootdir", "prepend", id="rootdir-prepend"),
-        pytest.param("package", "append", id="package-append"),
         pytest.param("package", "importlib", id="package-importlib"),
     ],
 )
