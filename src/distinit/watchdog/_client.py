@@ -380,10 +380,16 @@ class WatchdogClient:
         return self._arm(seconds, sid)
 
     def disarm(self, handle: int) -> None:
-        """Disarm the timer ``handle`` returned by :meth:`arm`; other regions stay armed. Never raises."""
+        """Disarm the timer ``handle`` returned by :meth:`arm`; other regions stay armed. Never raises.
+
+        Disarm each handle once: like a double free, a second disarm after the slot was reused would disarm
+        the region now holding it (``expires`` regions cannot make this mistake).
+        """
         if handle > HEARTBEAT_SLOT:
-            self._d[HEADER_WORDS + handle * SLOT_WORDS] = 0.0
-            self._free.append(handle)
+            i = HEADER_WORDS + handle * SLOT_WORDS
+            if self._d[i] != 0.0:  # already free: do not hand the slot out twice
+                self._d[i] = 0.0
+                self._free.append(handle)
 
     def expires(self, after: float | timedelta, scope: str | None = None) -> _Region:
         """A context manager: the server kills this process if the region runs ``after`` s past entry.

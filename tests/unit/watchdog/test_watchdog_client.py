@@ -239,3 +239,13 @@ def test_module_expires_creates_a_client_from_the_environment(
         configure(None)
         if made is not None:
             made.close()
+
+
+def test_double_disarm_never_hands_a_slot_out_twice(client: WatchdogClient) -> None:
+    h = client.arm(60, scope="once")
+    client.disarm(h)
+    client.disarm(h)  # misuse: must not put the slot on the free list twice
+    a, b = client.arm(60, scope="a"), client.arm(60, scope="b")
+    assert a != b
+    client.disarm(a)
+    client.disarm(b)
