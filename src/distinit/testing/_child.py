@@ -223,8 +223,8 @@ def _run_task(conn: Connection, task: Task) -> bool:
     """Run one task; report through ``conn``. Returns whether it succeeded."""
     phase = "start"
     saved_env = dict(os.environ)
+    saved_cwd = os.getcwd()
     stacks = _redirect_output(task.out_dir, task.rank)
-    initialised = False
     try:
         os.environ.clear()
         os.environ.update(task.env)
@@ -250,7 +250,6 @@ def _run_task(conn: Connection, task: Task) -> bool:
                 world_size=task.world_size,
                 timeout=timedelta(seconds=task.timeout),
             )
-            initialised = True
             # gloo's init can return on one rank before its peers finished connectFullMesh; a rank
             # that then finishes the test and exits fails its peers' init ("Connection closed by
             # peer", seen under xdist). One barrier makes every rank fully connected first.
@@ -264,8 +263,8 @@ def _run_task(conn: Connection, task: Task) -> bool:
         except Exception as exc:
             raise TypeError(f"the return value of rank {task.rank} cannot be pickled: {exc}") from exc
         phase = "teardown"
-        _teardown_group(initialised)
-        initialised = False
+        # Also a group the test made itself (init=False): a pooled rank must start the next test clean.
+        _teardown_group()
         conn.send(("ok", data))
         return True
     except BaseException as exc:
@@ -285,14 +284,14 @@ def _run_task(conn: Connection, task: Task) -> bool:
         stacks.close()
         os.environ.clear()
         os.environ.update(saved_env)
+        with contextlib.suppress(OSError):
+            os.chdir(saved_cwd)
 
 
-def _teardown_group(initialised: bool) -> None:
-    if not initialised:
-        return
+def _teardown_group() -> None:
     from torch import distributed as dist
 
-    if dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -212,3 +212,15 @@ def test_reuse_keeps_processes_and_a_failure_replaces_the_pool() -> None:
     third = run_distributed(pid_and_sum, reuse=True)
     assert not {pid for pid, _ in third} & {pid for pid, _ in first}
     assert [total for _, total in third] == [2, 2]
+
+
+def chdir_and_init(path: str) -> int:
+    os.chdir(path)
+    return init_from_env()
+
+
+def test_reuse_cleans_a_group_the_test_made_and_its_cwd(tmp_path: Any) -> None:
+    cwd = os.getcwd()
+    for _ in range(2):
+        assert run_distributed(chdir_and_init, init=False, reuse=True, args=(str(tmp_path),)) == [2, 2]
+    assert run_distributed(os.getcwd, reuse=True) == [cwd, cwd]
