@@ -95,6 +95,8 @@ def worker_main(conn: Connection, parent_pid: int, reuse: bool) -> None:
                 conn.recv()
             break
         if not reuse:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("phase", "exit"))
             break
     _exit_process()
 

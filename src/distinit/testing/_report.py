@@ -18,6 +18,7 @@ _PHASES = {
     "run": "",
     "return": " while returning its result",
     "teardown": " while destroying the process group",
+    "exit": " while exiting (atexit handlers)",
 }
 
 #: Longest exception message shown in a one-line summary (gloo's messages run to 300+ characters).

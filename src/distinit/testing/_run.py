@@ -475,7 +475,8 @@ class _Run:
                     gpus_per_rank=self.gpus_per_rank,
                     label=self.label,
                 )
-                worker.conn.send(task)
+                with contextlib.suppress(OSError, ValueError):
+                    worker.conn.send(task)  # a rank that already died is reported from its exit status
             try:
                 self._watch(workers, started=started)
             except BaseException as exc:

@@ -224,3 +224,17 @@ def test_reuse_cleans_a_group_the_test_made_and_its_cwd(tmp_path: Any) -> None:
     for _ in range(2):
         assert run_distributed(chdir_and_init, init=False, reuse=True, args=(str(tmp_path),)) == [2, 2]
     assert run_distributed(os.getcwd, reuse=True) == [cwd, cwd]
+
+
+def exit_non_zero_at_interpreter_exit() -> int:
+    import atexit
+
+    if dist.get_rank() == 1:
+        atexit.register(os._exit, 4)  # as a library's exit hook that aborts would
+    return dist.get_rank()
+
+
+def test_non_zero_exit_after_returning_fails() -> None:
+    with pytest.raises(DistributedTestError) as caught:
+        run_distributed(exit_non_zero_at_interpreter_exit, world_size=2)
+    assert caught.value.failures == {1: "exited with code 4 after returning its result"}
