@@ -173,7 +173,7 @@ class BroadcastMismatchError(DistinitError):
         seq: the call's sequence number in its group (``#12`` in the message).
         field: what the ranks disagree on: ``"src"``, ``"shape"``, ``"dtype"``, ``"device"``,
             ``"schema"``, ``"keys"``, ``"metadata"``, ``"call"``, ``"sequence"``, ``"argument"``,
-            ``"payload"``, ``"timeout"`` or ``"protocol"``.
+            ``"protocol"``; or, raised on one rank only: ``"payload"``, ``"timeout"``, ``"peer"``.
         src: the group-local source rank (as the majority passed it; ``None`` when unknown).
         views: each group rank's view of ``field``, in words (``{0: "sends float32[2, 3]", ...}``).
         ranks: the group ranks at fault.

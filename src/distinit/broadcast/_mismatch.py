@@ -43,6 +43,22 @@ STATUS_TEXT = {
 }
 
 
+FIELD_PHRASE = {
+    "protocol": "the protocol",
+    "sequence": "the call sequence",
+    "call": "the call",
+    "src": "src",
+    "argument": "its arguments",
+    "device": "device type",
+    "dtype": "dtype",
+    "shape": "shape",
+    "schema": "the object schema",
+    "keys": "the key set",
+    "metadata": "tensor dtypes and shapes",
+}
+"""``field`` codes (``BroadcastMismatchError.field``) and how messages name them."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Mismatch:
     """The facts of a failed verdict, from which the message is composed."""
@@ -62,7 +78,8 @@ class Mismatch:
     def error(self) -> BroadcastMismatchError:
         """The error every rank raises, worded identically."""
         src = f"src={self.src}" if self.src is not None else "src disputed"
-        head = f"{self.call} call #{self.seq} ({src}, {self.size} ranks) disagrees on {self.field}"
+        phrase = FIELD_PHRASE.get(self.field, self.field)
+        head = f"{self.call} call #{self.seq} ({src}, {self.size} ranks) disagrees on {phrase}"
         body = self.detail or _join_views(self.views, self.src)
         tail = (
             f"Raised on all {self.size} ranks; the data was discarded."
@@ -132,7 +149,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
     if len(set(seqs)) > 1:
         common = _majority(seqs)
         return mismatch(
-            "the call sequence",
+            "sequence",
             [r for r, s in enumerate(seqs) if s != common],
             {r: f"reached broadcast call #{s} in this group" for r, s in enumerate(seqs)},
             "a rank skipped or added a broadcast call (one inside `if rank == ...`, or an early return or "
@@ -143,7 +160,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
     if len(set(ops)) > 1:
         common = _majority(ops)
         return mismatch(
-            "the call",
+            "call",
             [r for r, o in enumerate(ops) if o != common],
             {r: f"called {OP_NAMES.get(o, f'op {o}')}" for r, o in enumerate(ops)},
             "the ranks are at different call sites of the program",
@@ -168,7 +185,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
     faulty = [r for r, v in enumerate(views) if v.status != 0]
     if faulty:
         return mismatch(
-            "its arguments",
+            "argument",
             faulty,
             {r: STATUS_TEXT.get(views[r].status, f"reported problem code {views[r].status}") for r in faulty},
             "a rank could not take part with what it was given; it reported that instead of leaving its peers waiting",
@@ -181,7 +198,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
         bad = [r for r, v in enumerate(views) if v.fingerprint != sv.fingerprint]
         if bad:
             return mismatch(
-                "the object schema",
+                "schema",
                 bad,
                 {
                     r: f"gave a type= with schema fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x}"
@@ -194,7 +211,7 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
     bad = [r for r, v in enumerate(views) if v.has_buffer and r != src and v.fingerprint != sv.fingerprint]
     if bad:
         return mismatch(
-            "the key set",
+            "keys",
             bad,
             {
                 r: f"has {views[r].count} tensors (fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x})"
@@ -221,7 +238,7 @@ def _judge_tensor(views: Sequence[View], src: int, mismatch: object) -> Mismatch
     bad = [r for r in receivers if views[r].device != sv.device]
     if bad:
         return make(  # type: ignore[operator, no-any-return]
-            "device type",
+            "device",
             bad,
             {r: view_text(r) for r in [src, *bad]},
             "every rank must hold the tensor on the same device type: NCCL moves only CUDA tensors on the current "

@@ -134,7 +134,7 @@ def diff_metadata(metas: Sequence[list[Entry] | None], src: int) -> tuple[str, l
             parts.append(f"(+{len(changed) - MAX_LISTED} more tensors differ in dtype or shape)")
         views[rank] = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
         lines.append(f"rank {rank} {views[rank]}")
-    field = "the key set" if key_problem else "tensor dtypes and shapes"
+    field = "keys" if key_problem else "metadata"
     count = f"{len(ref)} tensor{'s' if len(ref) != 1 else ''}"
     views[src] = f"has {count}"
     return field, faulty, views, f"src rank {src} has {count}; " + "; ".join(lines)
@@ -317,7 +317,7 @@ def _run(
         )
         views = exchanged.views
         verdict = _mismatch.judge(views, my_op=op, seq=ctx.seq)
-        if verdict is not None and verdict.field == "the key set":
+        if verdict is not None and verdict.field == "keys":
             verdict = _explain(ctx, src, views, names if has else None, tensors if has else None, verdict)
         if verdict is not None:
             raise verdict.error()

@@ -92,7 +92,7 @@ def state_dict_mismatches() -> list[tuple[str, str, str, float]]:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_state_dict_mismatch_names_the_keys_on_every_rank(dist_world: DistWorld, world_size: int) -> None:
     per_rank = dist_world(state_dict_mismatches, world_size=world_size, timeout=45)
-    expected = ["the key set", "the key set", "tensor dtypes and shapes", "tensor dtypes and shapes", "its arguments"]
+    expected = ["keys", "keys", "metadata", "metadata", "argument"]
     for index, field in enumerate(expected):
         rows = [seen[index] for seen in per_rank]
         assert {row[1] for row in rows} == {field}, rows[0]
@@ -171,7 +171,7 @@ def test_module_structure_mismatch(dist_world: DistWorld) -> None:
     per_rank = dist_world(module_mismatch, world_size=3, timeout=30)
     assert len(set(per_rank)) == 1
     field, text = per_rank[0]
-    assert field == "tensor dtypes and shapes"
+    assert field == "metadata"
     assert "rank 1 has '0.weight' as float32[32, 8] where src has float32[16, 8]" in text
 
 

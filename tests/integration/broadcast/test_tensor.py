@@ -85,7 +85,7 @@ def _case_args(case: str, rank: int, last: int, src: int = 0) -> tuple[Any, dict
 EXPECTED_FIELD = {
     "shape": "shape", "same-numel-shape-one-rank": "shape", "dtype": "dtype", "dtype-itemsize": "dtype",
     "smaller-receiver": "shape", "larger-receiver": "shape", "large-smaller-receiver": "shape",
-    "device-type": "device type", "src-passes-none": "its arguments", "receiver-passes-a-list": "its arguments",
+    "device-type": "device", "src-passes-none": "argument", "receiver-passes-a-list": "argument",
     "src-disagreement": "src", "src-outside-group": "src",
 }  # fmt: skip
 

@@ -130,13 +130,13 @@ def test_diff_metadata_names_keys_and_shapes() -> None:
     src = [("a", 1, (3, 4)), ("b", 1, (2,))]
     other = [("a", 1, (4, 3)), ("c", 1, (1,))]
     field, faulty, views, _ = diff_metadata([src, other, None, src], 0)
-    assert field == "the key set"
+    assert field == "keys"
     assert faulty == [1]
     assert "lacks 'b'" in views[1]
     assert "unexpected 'c'" in views[1]
     assert "'a' as float32[4, 3] where src has float32[3, 4]" in views[1]
     field, _, _, _ = diff_metadata([src, [("a", 1, (3, 4)), ("b", 2, (2,))]], 0)
-    assert field == "tensor dtypes and shapes"
+    assert field == "metadata"
 
 
 def test_module_tensors_lists_tied_parameters_once() -> None:

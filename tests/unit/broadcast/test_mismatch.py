@@ -36,13 +36,13 @@ ROWS = [
     pytest.param([sender((6,)), buffer((4,))], "shape", (1,), id="smaller-receiver"),
     pytest.param([sender((4,)), buffer((6,))], "shape", (1,), id="larger-receiver"),
     pytest.param([sender(), buffer(dtype=I32)], "dtype", (1,), id="dtype-same-itemsize"),
-    pytest.param([sender(), buffer(device=META)], "device type", (1,), id="device-type"),
+    pytest.param([sender(), buffer(device=META)], "device", (1,), id="device-type"),
     pytest.param([sender(), buffer(src=1), buffer()], "src", (1,), id="src-disagreement"),
     pytest.param([sender(src=5), buffer(src=5)], "src", (0, 1), id="src-outside-group"),
-    pytest.param([sender(), buffer(seq=13)], "the call sequence", (1,), id="skipped-call"),
-    pytest.param([sender(), buffer(op=OP_OBJECT), buffer()], "the call", (1,), id="other-call"),
-    pytest.param([view(status=SRC_PASSED_NONE), view()], "its arguments", (0,), id="src-passed-none"),
-    pytest.param([sender(), view(status=NOT_A_TENSOR)], "its arguments", (1,), id="receiver-not-a-tensor"),
+    pytest.param([sender(), buffer(seq=13)], "sequence", (1,), id="skipped-call"),
+    pytest.param([sender(), buffer(op=OP_OBJECT), buffer()], "call", (1,), id="other-call"),
+    pytest.param([view(status=SRC_PASSED_NONE), view()], "argument", (0,), id="src-passed-none"),
+    pytest.param([sender(), view(status=NOT_A_TENSOR)], "argument", (1,), id="receiver-not-a-tensor"),
 ]
 
 
@@ -93,7 +93,7 @@ def test_object_schema_mismatch() -> None:
     views = [view(op=OP_OBJECT, fingerprint=111), view(op=OP_OBJECT, fingerprint=222)]
     verdict = judge(views, my_op=OP_OBJECT, seq=1)
     assert verdict is not None
-    assert verdict.field == "the object schema"
+    assert verdict.field == "schema"
     assert verdict.ranks == (1,)
 
 
@@ -105,7 +105,7 @@ def test_state_dict_fingerprints_only_checked_for_ranks_with_a_state_dict() -> N
     ]
     verdict = judge(views, my_op=OP_STATE_DICT, seq=1)
     assert verdict is not None
-    assert verdict.field == "the key set"
+    assert verdict.field == "keys"
     assert verdict.ranks == (2,)
 
 
