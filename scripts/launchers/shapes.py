@@ -476,6 +476,19 @@ SHAPES: tuple[Shape, ...] = (
         "slurmd_nodename",
         description="sbatch -N2 --ntasks-per-node=2 on dnode[2-3], script runs mpirun.openmpi -n 4",
     ),
+    Shape(
+        "openmpi-in-slurm-subset",
+        "openmpi",
+        ("slurm", "openmpi"),
+        4,
+        salloc(
+            ["-N3", "--ntasks-per-node=2", "-w", "dnode[1-3]"],
+            lambda ctx, cmd: [*OPENMPI_BASE, "--host", "dnode2:2,dnode3:2", "-n", "4", *ctx.task(cmd)],
+        ),
+        ("dnode2", "dnode3"),
+        "slurmd_nodename",
+        description="salloc -N3 --ntasks-per-node=2; mpirun.openmpi --host dnode2:2,dnode3:2 -n 4 (no rank on dnode1)",
+    ),
     # --- Open MPI ------------------------------------------------------------------------------
     Shape(
         "openmpi-1node",
