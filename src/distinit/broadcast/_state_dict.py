@@ -10,6 +10,8 @@ so packing the next bucket overlaps sending the previous one.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -61,21 +63,36 @@ def encode_meta(entries: Sequence[Entry]) -> bytes:
     return json.dumps(entries, separators=(",", ":")).encode()
 
 
-def fingerprint(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> int:
-    """A 63-bit fingerprint of the keys, dtypes and shapes, cheap enough for 2000 tensors per call.
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What one rank knows about its tensors, computed in one pass (hot path: 2000 tensors a call)."""
+
+    fingerprint: int
+    nbytes: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+    unsupported: bool  # a dtype without a wire code (quantized)
+
+
+def layout(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> Layout:
+    """Fingerprint of the keys, dtypes and shapes, plus the sizes the transfer plan needs.
 
     Names go through blake2b; dtype codes and shapes through Python's hash of int tuples, which is
-    deterministic across processes (only str hashing is salted). It is a fast filter: a difference
-    is then confirmed, and explained, from the full metadata, so a false alarm (ranks on different
-    Python versions) costs one extra exchange, never a wrong error.
+    deterministic across processes (only str hashing is salted). The fingerprint is a fast filter:
+    a difference is then confirmed, and explained, from the full metadata, so a false alarm (ranks
+    on different Python versions) costs one extra exchange, never a wrong error.
     """
-    names_digest = hashlib.blake2b("\x1f".join(names).encode(), digest_size=8).digest()
-    codes = tuple([CODE_OF_DTYPE.get(t.dtype, -1) for t in tensors])
+    dtypes = tuple([t.dtype for t in tensors])
+    code_of = {d: CODE_OF_DTYPE.get(d, -1) for d in set(dtypes)}
+    codes = tuple(map(code_of.__getitem__, dtypes))
     shapes = tuple([t.shape for t in tensors])
-    mixed = (int.from_bytes(names_digest, "little") ^ (hash(codes) * 0x9E3779B97F4A7C15) ^ hash(shapes)) & (
-        (1 << 64) - 1
+    names_digest = hashlib.blake2b("\x1f".join(names).encode(), digest_size=8).digest()
+    mixed = int.from_bytes(names_digest, "little") ^ (hash(codes) * 0x9E3779B97F4A7C15) ^ hash(shapes)
+    return Layout(
+        fingerprint=(mixed & ((1 << 64) - 1)) >> 1,
+        nbytes=tuple([t.nbytes for t in tensors]),
+        dtypes=dtypes,
+        unsupported=-1 in code_of.values(),
     )
-    return mixed >> 1
 
 
 def decode_meta(meta: bytes) -> list[Entry]:
@@ -231,13 +248,17 @@ def _status_of_mapping(sd: object) -> int:
     return _mismatch.OK
 
 
-def _steps(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[_plan.Step]:
-    return _plan.plan(
-        [t.nbytes for t in tensors],
-        bucket_bytes=bucket_bytes,
-        direct_bytes=min(_plan.DEFAULT_DIRECT_BYTES, bucket_bytes),
-        dtypes=[t.dtype for t in tensors],
-    )
+@functools.lru_cache(maxsize=64)
+def _cached_plan(
+    fingerprint: int, nbytes: tuple[int, ...], dtypes: tuple[torch.dtype, ...], bucket_bytes: int, direct_bytes: int
+) -> tuple[_plan.Step, ...]:
+    del fingerprint  # part of the key only: equal layouts give equal plans
+    return tuple(_plan.plan(nbytes, bucket_bytes=bucket_bytes, direct_bytes=direct_bytes, dtypes=dtypes))
+
+
+def _steps(lay: Layout, bucket_bytes: int) -> tuple[_plan.Step, ...]:
+    direct = min(_plan.DEFAULT_DIRECT_BYTES, bucket_bytes)
+    return _cached_plan(lay.fingerprint, lay.nbytes, lay.dtypes, bucket_bytes, direct)
 
 
 def _explain(
@@ -288,7 +309,10 @@ def _run(
     """The shared protocol; returns the (names, tensors) this rank ends up with."""
     call = _header.OP_NAMES[op]
     is_src = ctx.rank == src
-    has = names is not None and tensors is not None and status == _mismatch.OK
+    lay = layout(names, tensors) if names is not None and tensors is not None and status == _mismatch.OK else None
+    if lay is not None and lay.unsupported:
+        status, lay = _mismatch.UNSUPPORTED_DTYPE, None
+    has = lay is not None
     meta = b""
     if has and is_src and op == _header.OP_STATE_DICT:  # receivers passing None need src's keys
         meta = encode_meta(_entries(names, tensors))  # type: ignore[arg-type]
@@ -299,9 +323,9 @@ def _run(
         src=src,
         has_buffer=has,
         status=status,
-        nbytes=sum(t.nbytes for t in tensors) if has and tensors is not None else 0,
-        fingerprint=fingerprint(names, tensors) if has and names is not None and tensors is not None else 0,
-        count=len(tensors) if has and tensors is not None else 0,
+        nbytes=sum(lay.nbytes) if lay is not None else 0,
+        fingerprint=lay.fingerprint if lay is not None else 0,
+        count=len(lay.nbytes) if lay is not None else 0,
         aux_nbytes=len(meta),
         inline=len(meta) if inline_meta else _header.NOT_INLINE,
         global_rank=ctx.global_rank,
@@ -335,7 +359,7 @@ def _run(
             if any(not v.has_buffer for v in views) and sv.inline == _header.NOT_INLINE:
                 work = broadcast_bytes(from_bytes(meta).to(ctx.comm_device), src, ctx)
                 wait_or_raise(work, ctx, call, src, "metadata broadcast")
-            _Transfer(ctx, call, src).send(_steps(tensors, bucket_bytes), tensors)
+            _Transfer(ctx, call, src).send(_steps(lay or layout(names, tensors), bucket_bytes), tensors)
             return names, tensors
         if names is None or tensors is None:
             if sv.inline != _header.NOT_INLINE:
@@ -348,7 +372,7 @@ def _run(
             target_device = device or ctx.comm_device
             names = [k for k, _, _ in entries]
             tensors = [torch.empty(s, dtype=DTYPE_OF_CODE[c], device=target_device) for _, c, s in entries]
-        _Transfer(ctx, call, src).receive(_steps(tensors, bucket_bytes), tensors)
+        _Transfer(ctx, call, src).receive(_steps(lay or layout(names, tensors), bucket_bytes), tensors)
         return names, tensors
     except _header.CollectiveFailed as exc:
         raise timeout_error(ctx, call, src, "exchange", exc) from exc
@@ -463,7 +487,4 @@ def broadcast_module(
     """
     ctx = resolve(group, timeout)
     names, tensors = module_tensors(model)
-    status = _mismatch.OK
-    if any(dtype_code(t.dtype) < 0 for t in tensors):
-        status = _mismatch.UNSUPPORTED_DTYPE
-    _run(ctx, _header.OP_MODULE, src, names, tensors, status, _bucket(bucket_bytes), None)
+    _run(ctx, _header.OP_MODULE, src, names, tensors, _mismatch.OK, _bucket(bucket_bytes), None)
