@@ -339,6 +339,13 @@ def main() -> int:
     parser.add_argument("--worker")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="2 repeats, join scale up to 256")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="rerun only these parts (happy verdicts foreign join nccl); "
+        "the other parts are kept from the previous results/init.json",
+    )
     args = parser.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
@@ -356,26 +363,41 @@ def main() -> int:
         },
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
     }
-    print("happy path ...", flush=True)
-    results["happy"] = [happy(w, repeats) for w in (2, 4)]
-    print("verdicts ...", flush=True)
-    results["duplicate"] = [verdict("duplicate", w) for w in (2, 4)]
-    results["mismatch"] = [verdict("mismatch", w) for w in (2, 4)]
-    print("foreign listener ...", flush=True)
-    results["foreign"] = foreign()
-    print("join scale ...", flush=True)
-    results["join_scale"] = join_scale([64, 128, 256] if args.quick else [64, 128, 256, 512, 1024])
-    results["nccl"] = nccl()
+    parts = set(args.only) if args.only else {"happy", "verdicts", "foreign", "join", "nccl"}
+    previous = RESULTS / "init.json"
+    if args.only and previous.exists():
+        kept = json.loads(previous.read_text())
+        results = {**kept, **results, "command": f"{kept.get('command')} + {results['command']}"}
+    if "happy" in parts:
+        print("happy path ...", flush=True)
+        results["happy"] = [happy(w, repeats) for w in (2, 4)]
+    if "verdicts" in parts:
+        print("verdicts ...", flush=True)
+        results["duplicate"] = [verdict("duplicate", w) for w in (2, 4)]
+        results["mismatch"] = [verdict("mismatch", w) for w in (2, 4)]
+    if "foreign" in parts:
+        print("foreign listener ...", flush=True)
+        results["foreign"] = foreign()
+    if "join" in parts:
+        print("join scale ...", flush=True)
+        results["join_scale"] = join_scale([64, 128, 256] if args.quick else [64, 128, 256, 512, 1024])
+    if "nccl" in parts:
+        results["nccl"] = nccl()
 
     lines = ["# init_with_retry benchmark", "", f"`{results['command']}` on {results['machine']}", ""]
     lines += ["## Happy path (gloo, time to the last rank returning; median)", ""]
-    lines += ["| world | torch init | distinit (no check) | distinit (default) | overhead | target met |"]
-    lines += ["|---|---|---|---|---|---|"]
+    lines += [
+        "| world | torch init | distinit (no check) | distinit (default) | overhead | target met | samples (ms) |"
+    ]
+    lines += ["|---|---|---|---|---|---|---|"]
     for row in results["happy"]:
         m = row["median_s"]
+        samples = "; ".join(
+            f"{name}: {', '.join(str(round(x * 1000)) for x in values)}" for name, values in row["samples_s"].items()
+        )
         lines.append(
             f"| {row['world_size']} | {fmt(m['torch'])} | {fmt(m['distinit_noverify'])} | {fmt(m['distinit'])} | "
-            f"{fmt(row['overhead_s'])} ({row['overhead_pct']:.0f} %) | {row['met']} |"
+            f"{fmt(row['overhead_s'])} ({row['overhead_pct']:.0f} %) | {row['met']} | {samples} |"
         )
     lines += ["", "## Verdicts (all processes start together; time until the last one raised)", ""]
     lines += [

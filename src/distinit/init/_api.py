@@ -205,7 +205,9 @@ class _Rendezvous:
             join.enter(generation)  # publishes DuplicateRankError naming both rank-0 processes
 
     def _connect(self, end: float) -> None:
-        interval = 0.25
+        # Start polling fast (a master binding its port right now is the common case at start-up: a
+        # refused connect on a LAN costs microseconds), then back off to one probe per 2 s.
+        interval = 0.02
         failure: AttemptFailed | None = None
         while True:
             left = end - time.monotonic()
@@ -288,7 +290,13 @@ class _Rendezvous:
                 self.store.set_timeout(self.pg_timeout or _default_pg_timeout(self.backend))
 
     def _check_collective(self, end: float) -> None:
-        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
+        device: torch.device | None = None
+        if isinstance(self.device_id, torch.device):
+            device = self.device_id
+        elif isinstance(self.device_id, int):
+            device = torch.device("cuda", self.device_id)
+        elif self.backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
         tensor = torch.ones(1, device=device)
         work = dist.all_reduce(tensor, async_op=True)
         if work is None or not work.wait(timeout=timedelta(seconds=max(end - time.monotonic(), 1.0))):
@@ -359,29 +367,34 @@ class _Rendezvous:
     def on_retry(self, number: int, failure: AttemptFailed, pause: float) -> None:
         last = self.records[-1]
         self.records[-1] = AttemptRecord.model_validate({**last.model_dump(), "retried": True})
-        left = self.deadline_at - time.monotonic()
+        self._log_failure(number, failure, pause)
+
+    def _log_failure(self, number: int, failure: AttemptFailed, pause: float | None) -> None:
+        """The one structured record of a failed attempt (``pause`` None: the deadline ends the wait)."""
+        phase = self.records[-1].phase if self.records else self._phase
+        left = max(self.deadline_at - time.monotonic(), 0.0)
+        then = f"retrying in {pause:.1f} s, {left:.0f} s left" if pause is not None else "the deadline ends the wait"
         logger.warning(
-            "rank %d: rendezvous attempt %d at %s failed in %s (%s: %s); retrying in %.1f s, %.0f s left",
+            "rank %d: rendezvous attempt %d at %s failed in %s (%s: %s); %s",
             self.rank,
             number,
             self.master,
-            last.phase,
+            phase,
             failure.kind,
             failure.detail,
-            pause,
-            left,
+            then,
             extra={
                 "distinit": {
                     "event": "init.attempt_failed",
                     "rank": self.rank,
                     "attempt": number,
-                    "phase": last.phase,
+                    "phase": phase,
                     "error": failure.kind,
                     "message": failure.detail,
                     "missing_ranks": list(failure.missing_ranks[:64]),
                     "generation": self.generation,
                     "elapsed_s": round(time.monotonic() - self.start, 3),
-                    "pause_s": round(pause, 3),
+                    "pause_s": None if pause is None else round(pause, 3),
                     "left_s": round(left, 3),
                 }
             },
@@ -399,6 +412,7 @@ class _Rendezvous:
         time.sleep(max(seconds, 0.0))
 
     def give_up(self, last: AttemptFailed) -> NoReturn:
+        self._log_failure(len(self.records), last, None)
         lasted = time.monotonic() - self.start
         if last.kind in ("dns", "unreachable", "timeout", "foreign", "port_busy"):
             raise self._specific(last, lasted) from last

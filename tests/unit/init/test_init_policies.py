@@ -148,3 +148,16 @@ def test_exports() -> None:
     public = {name for name in dir(distinit.init) if not name.startswith("_")}
     assert set(distinit.init.__all__) <= public
     assert {"init_with_retry", "setup", "teardown", "InitReport", "Backoff"} <= set(distinit.init.__all__)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"deadline": 0}, id="zero-deadline"),
+        pytest.param({"deadline": -5.0}, id="negative-deadline"),
+        pytest.param({"attempt_timeout": 0}, id="zero-attempt"),
+    ],
+)
+def test_init_with_retry_rejects_bad_durations(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be positive seconds"):
+        distinit.init.init_with_retry("gloo", **kwargs)  # type: ignore[arg-type]
