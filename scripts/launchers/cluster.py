@@ -200,6 +200,8 @@ TaskPlugin=task/none
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
+# Heterogeneous jobs start only from the backfill pass; its default 30 s interval made them wait.
+SchedulerParameters=bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides

@@ -403,6 +403,32 @@ SHAPES: tuple[Shape, ...] = (
         description="SLURM_HOSTFILE=(dnode2,dnode1,dnode1,dnode2) srun --distribution=arbitrary -n4",
     ),
     Shape(
+        "slurm-het",
+        "slurm",
+        ("slurm",),
+        3,
+        salloc(
+            ["-N1", "-n1", "-w", "dnode1", ":", "-N1", "-n2", "-w", "dnode2"],
+            lambda ctx, cmd: ["srun", "-K1", "--het-group=0,1", *ctx.task(cmd)],
+        ),
+        TWO,
+        "slurmd_nodename",
+        description="heterogeneous job salloc -N1 -n1 : -N1 -n2; srun --het-group=0,1 (one world)",
+    ),
+    Shape(
+        "slurm-het-component",
+        "slurm",
+        ("slurm",),
+        2,
+        salloc(
+            ["-N1", "-n1", "-w", "dnode1", ":", "-N1", "-n2", "-w", "dnode2"],
+            lambda ctx, cmd: ["srun", "-K1", "--het-group=1", *ctx.task(cmd)],
+        ),
+        ("dnode2",),
+        "slurmd_nodename",
+        description="heterogeneous job salloc -N1 -n1 : -N1 -n2; srun --het-group=1 (second component only)",
+    ),
+    Shape(
         "slurm-sbatch",
         "slurm",
         ("slurm",),
