@@ -288,6 +288,23 @@ def _concurrent_steps(shape: Shape, ctx: Context, cmd: list[str]) -> list[Launch
     return [Launch(argv, ctx.env(slurm=True))]
 
 
+def _torchrun_static_in_srun(shape: Shape, ctx: Context, cmd: list[str]) -> list[Launch]:
+    # The common recipe: one agent per node, --node-rank from SLURM_NODEID, static rendezvous.
+    agent = [
+        ctx.torchrun(),
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--node-rank=$SLURM_NODEID",
+        "--master-addr=dnode1",
+        f"--master-port={ctx.port()}",
+        "--no-python",
+        *ctx.task(cmd),
+    ]
+    line = " ".join(a if a.startswith("--node-rank") else shlex.quote(a) for a in agent)
+    opts = ["-N2", "--ntasks-per-node=1", "-w", "dnode[1-2]"]
+    return [Launch(["srun", "-K1", *SLURM_TIME, *opts, "sh", "-c", line], ctx.env(slurm=True))]
+
+
 def _torchrun_in_srun(shape: Shape, ctx: Context, cmd: list[str]) -> list[Launch]:
     port = ctx.port()
     agent = [
@@ -627,6 +644,17 @@ SHAPES: tuple[Shape, ...] = (
         ("agent0", "agent1"),
         "group_rank",
         description="two torchrun agents, c10d rendezvous, --nproc-per-node 1 and 2",
+    ),
+    Shape(
+        "torchrun-static-in-srun",
+        "torchrun",
+        ("slurm", "torchrun"),
+        4,
+        _torchrun_static_in_srun,
+        TWO,
+        "slurmd_nodename",
+        description="srun -N2 --ntasks-per-node=1 sh -c 'torchrun --nnodes=2 --node-rank=$SLURM_NODEID "
+        "--master-addr=dnode1 --nproc-per-node=2' (static)",
     ),
     Shape(
         "torchrun-in-srun",
