@@ -120,17 +120,22 @@ def _die_with_parent(parent_pid: int) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
+    server_pid = os.getppid()  # the fork server; it exits when the test process goes away
+
     def watch() -> None:
         while True:
             time.sleep(0.5)
             try:
                 os.kill(parent_pid, 0)
+                gone = os.getppid() != server_pid  # reparented: a dead test process may linger as a zombie
             except ProcessLookupError:
+                gone = True
+            except PermissionError:
+                gone = False
+            if gone:
                 with contextlib.suppress(OSError):
                     os.killpg(os.getpgid(0), signal.SIGKILL)
                 os._exit(1)
-            except PermissionError:
-                continue
 
     threading.Thread(target=watch, name="distinit-parent-watch", daemon=True).start()
 

@@ -86,7 +86,13 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     __tracebackhide__ = True
     from distinit.testing._marker import options_for, run_marked
 
-    options = options_for(pyfuncitem)
+    problem = None
+    try:
+        options = options_for(pyfuncitem)
+    except pytest.UsageError as exc:
+        options, problem = None, str(exc)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)  # fails this test only, without our internals
     if options is None:
         return None
     run_marked(pyfuncitem, options)

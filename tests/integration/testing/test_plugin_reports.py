@@ -118,6 +118,11 @@ def test_reuse_after_a_failure_gets_fresh_ranks():
     assert int(tensor) == 2
 
 
+@pytest.mark.distributed(world_sise=2)
+def test_misspelt_marker_argument():
+    pass
+
+
 def test_plain_test_after_the_failures():
     pass
 """
@@ -126,7 +131,7 @@ def test_plain_test_after_the_failures():
 def test_every_failure_shape_reports_each_failed_rank(pytester: pytest.Pytester, plugin_args: list[str]) -> None:
     pytester.makepyfile(test_shapes=SHAPES)
     result = pytester.runpytest_subprocess(*plugin_args, "-p", "no:cacheprovider", "-rs", timeout=140)
-    result.assert_outcomes(passed=7, failed=8, skipped=2)
+    result.assert_outcomes(passed=7, failed=9, skipped=2)
     out = result.stdout
     out.fnmatch_lines(
         [
@@ -208,6 +213,12 @@ def test_every_failure_shape_reports_each_failed_rank(pytester: pytest.Pytester,
         [
             "SKIPPED [[]1[]] test_shapes.py:*: needs 2 CUDA GPU(s) (world_size=2 x gpus_per_rank=1), found 0",
             "SKIPPED [[]1[]] test_shapes.py:*: all 2 ranks skipped: not on this world",
+        ]
+    )
+    out.fnmatch_lines(
+        [
+            "test_shapes.py::test_misspelt_marker_argument: unknown @pytest.mark.distributed argument(s) "
+            "[[]'world_sise'[]]; known: *"
         ]
     )
     out.no_fnmatch_line("*distinit-parent-watch*")
