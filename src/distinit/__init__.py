@@ -1,8 +1,19 @@
 """distinit: torch.distributed start-up and coordination that survive real launchers.
 
-The public face of the package: imports and ``__all__`` only. See the docs for each
-capability (``docs/``) and ``distinit.errors`` for the exception tree.
+The public face of the package: imports and ``__all__`` only. See the docs for each capability
+(``docs/``) and ``distinit.errors`` for the exception tree.
+
+The rendezvous (``init``) and broadcast names are resolved on first use. Both import torch, and this
+package is imported by the pytest plugin that pytest loads into *every* session of anyone who installs
+distinit; importing torch there would cost every such session a second or more. The table below is
+static (no dispatch by pattern), and type checkers see the real imports through ``TYPE_CHECKING``.
+This is the one deviation from the house style's "no ``__getattr__``" rule, for that reason.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from distinit.env import DistEnv, env_from_scheduler, expand_hostlist
 from distinit.errors import (
@@ -22,10 +33,47 @@ from distinit.errors import (
     WatchdogError,
     WorldSizeMismatchError,
 )
+from distinit.watchdog import AutoTimeout, WatchdogClient, WatchdogEvent, WatchdogServer
+
+if TYPE_CHECKING:
+    from distinit.broadcast import broadcast_module, broadcast_object, broadcast_state_dict, broadcast_tensor
+    from distinit.init import AttemptRecord, Backoff, InitReport, SetupResult, init_with_retry, setup, teardown
 
 __version__ = "0.1.0"
 
+#: Names that live in torch-importing packages, imported on first attribute access.
+_LAZY = {
+    "AttemptRecord": "distinit.init",
+    "Backoff": "distinit.init",
+    "InitReport": "distinit.init",
+    "SetupResult": "distinit.init",
+    "init_with_retry": "distinit.init",
+    "setup": "distinit.init",
+    "teardown": "distinit.init",
+    "broadcast_module": "distinit.broadcast",
+    "broadcast_object": "distinit.broadcast",
+    "broadcast_state_dict": "distinit.broadcast",
+    "broadcast_tensor": "distinit.broadcast",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'distinit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
+    "AttemptRecord",
+    "AutoTimeout",
+    "Backoff",
     "BroadcastMismatchError",
     "ConflictingEnvError",
     "DistEnv",
@@ -33,6 +81,7 @@ __all__ = [
     "DistributedTestError",
     "DuplicateRankError",
     "IncompleteEnvError",
+    "InitReport",
     "MalformedEnvError",
     "MasterUnreachableError",
     "NotLaunchedError",
@@ -40,9 +89,20 @@ __all__ = [
     "RendezvousError",
     "RendezvousTimeoutError",
     "SchedulerEnvError",
+    "SetupResult",
+    "WatchdogClient",
     "WatchdogError",
+    "WatchdogEvent",
+    "WatchdogServer",
     "WorldSizeMismatchError",
     "__version__",
+    "broadcast_module",
+    "broadcast_object",
+    "broadcast_state_dict",
+    "broadcast_tensor",
     "env_from_scheduler",
     "expand_hostlist",
+    "init_with_retry",
+    "setup",
+    "teardown",
 ]

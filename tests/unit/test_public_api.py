@@ -17,7 +17,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def test_all_lists_exactly_the_public_names() -> None:
-    public = {name for name in vars(distinit) if not name.startswith(("_", "@"))} - {
+    eager = {name for name in vars(distinit) if not name.startswith(("_", "@"))} - {
         "env",
         "errors",
         "init",
@@ -25,8 +25,27 @@ def test_all_lists_exactly_the_public_names() -> None:
         "broadcast",
         "testing",
         "cli",
+        "annotations",
+        "importlib",
+        "TYPE_CHECKING",
+        "Any",
     }
+    public = eager | set(distinit._LAZY)
     assert set(distinit.__all__) - {"__version__"} == public
+    for name in distinit.__all__:
+        assert getattr(distinit, name) is not None, name
+    assert set(distinit.__all__) <= set(dir(distinit))
+
+
+def test_lazy_names_come_from_their_capability() -> None:
+    for name, module in distinit._LAZY.items():
+        assert getattr(distinit, name) is getattr(importlib.import_module(module), name)
+
+
+def test_import_distinit_does_not_import_torch() -> None:
+    # The pytest plugin imports the package in every user's pytest session: it must stay light.
+    code = "import sys, distinit, distinit.testing.plugin; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
 def test_every_error_is_exported_documented_and_picklable() -> None:
