@@ -147,14 +147,14 @@ def _module_cases(rank: int, name: str, model: torch.nn.Module, reps: int, sweep
         "distinit broadcast_module": lambda: broadcast_module(model),
         "torch _broadcast_coalesced (250 MiB)": lambda: dist._broadcast_coalesced(pg, tensors, 250 * MIB, 0),
     }
-    if sweep:  # bucket bytes, in-place threshold, collectives in flight; the default is 4 MiB, 1 MiB, 2
+    if sweep:  # bucket bytes, in-place threshold, collectives in flight; the default is 4 MiB, 1 MiB, 4
         variants = {
             "all in place (no packing)": (1, 1, 2),
             "all packed in 16 MiB buckets": (16 * MIB, 1 << 62, 2),
             "bucket 1 MiB, in place >= 256 KiB": (1 * MIB, 256 << 10, 2),
             "bucket 16 MiB, in place >= 4 MiB": (16 * MIB, 4 * MIB, 2),
             "default sizes, 1 in flight": (4 * MIB, 1 * MIB, 1),
-            "default sizes, 4 in flight": (4 * MIB, 1 * MIB, 4),
+            "default sizes, 2 in flight": (4 * MIB, 1 * MIB, 2),
         }
         for label, (bucket, direct, inflight) in variants.items():
             if label == "all in place (no packing)" and name == "B" and reps > 3:

@@ -47,8 +47,9 @@ def _unflatten_dense_tensors(flat: torch.Tensor, like: Sequence[torch.Tensor]) -
 
 logger = logging.getLogger("distinit.broadcast")
 
-IN_FLIGHT = 2
-"""Collectives outstanding at once (as torch's ``_broadcast_coalesced``)."""
+IN_FLIGHT = 4
+"""Collectives outstanding at once. Chosen by benchmarks/bench_broadcast.py: 4 was as fast as or faster
+than 1 and 2 (torch's ``_broadcast_coalesced`` uses 2) for both model shapes at world 2 and 4."""
 MAX_LISTED = 5
 
 Entry = tuple[str, int, tuple[int, ...]]  # key, dtype code, shape
@@ -400,7 +401,7 @@ def broadcast_state_dict(
     Every rank's key set and per-tensor dtype and shape are compared through one fingerprint in
     the header collective; on a difference every rank learns exactly which keys differ. Tensors of
     1 MiB or more are sent in place (no copy); smaller ones are packed into buckets of
-    ``bucket_bytes`` (default 4 MiB), two collectives in flight.
+    ``bucket_bytes`` (default 4 MiB), four collectives in flight.
 
     Args:
         state_dict: on src, the tensors. On receivers, ``None`` to allocate from src's metadata
