@@ -6,7 +6,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-pytest_plugins = ["pytester"]
+# pytester is enabled in the root tests/conftest.py (pytest only allows pytest_plugins there).
 
 
 def _entry_point_installed() -> bool:
