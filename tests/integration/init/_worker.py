@@ -28,6 +28,15 @@ def main() -> None:
     if spec.get("mode") == "die_in_init":
 
         def die(*args: object, **kwargs: object) -> None:
+            # Die only once a peer is inside init_process_group (its bootstrap keys under our ".../pg"
+            # prefix appear), so the peer's failure is an init failure, not a lost store during the join.
+            store = kwargs.get("store")
+            base = getattr(store, "underlying_store", None)
+            end = time.monotonic() + 30
+            while base is not None and time.monotonic() < end:
+                if any("/pg/" in key for key in base.list_keys()):
+                    break
+                time.sleep(0.02)
             os._exit(3)
 
         dist.init_process_group = die  # type: ignore[assignment]
