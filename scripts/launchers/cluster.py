@@ -213,7 +213,8 @@ MailProg=/bin/true
 PropagateResourceLimits=NONE
 InactiveLimit=0
 KillWait=5
-MinJobAge=60
+# sbatch --wait sleeps 2 s, then x4 while below MinJobAge/2 (2, 8, 32 s: 42 s for a 1 s job); 4 keeps it at 2 s.
+MinJobAge=4
 SlurmdTimeout=60
 # srun --mpi=pmix: each node's stepd makes $TmpFS/spmix_appdir_<uid>_<job>.<step>; emulated nodes
 # share one /tmp, so the second node failed with "File exists". TmpFS expands %n (mpi.conf's
