@@ -251,6 +251,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tests", type=int, default=8, help="trivial tests per session (default 8)")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-testing-") as tmp:
         work = Path(tmp)
         results = {"distinit": summarise("distinit", args.tests, work), "torch": summarise("torch", args.tests, work)}
@@ -280,6 +281,7 @@ def main() -> None:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "tests_per_session": args.tests,
+        "load_average_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "command": "python benchmarks/bench_testing.py " + " ".join(sys.argv[1:]),
     }
     try:
@@ -293,7 +295,9 @@ def main() -> None:
     (RESULTS / "testing.md").write_text(
         "# distinit.testing vs torch MultiProcessTestCase\n\n"
         f"{meta['date']}, Python {meta['python']}, torch {meta.get('torch')}, {meta['cpus']} CPUs, "
-        f"{args.tests} trivial tests per session, each session a fresh `python -m pytest` subprocess.\n"
+        f"{args.tests} trivial tests per session, each session a fresh `python -m pytest` subprocess; "
+        f"1-minute load average {meta['load_average_1min'][0]} before, {meta['load_average_1min'][1]} after "
+        "(other work shared the machine).\n"
         f"Command: `{meta['command']}`\n\n{table}\n"
     )
 
