@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -71,8 +71,6 @@ class Task:
     init: bool
     out_dir: str
     gpus_per_rank: int = 0
-    label: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def worker_main(conn: Connection, parent_pid: int, reuse: bool) -> None:

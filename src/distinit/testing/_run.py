@@ -473,7 +473,6 @@ class _Run:
                     init=self.init,
                     out_dir=out_dir,
                     gpus_per_rank=self.gpus_per_rank,
-                    label=self.label,
                 )
                 with contextlib.suppress(OSError, ValueError):
                     worker.conn.send(task)  # a rank that already died is reported from its exit status
