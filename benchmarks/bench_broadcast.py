@@ -321,13 +321,15 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "load_average_1m_at_end": os.getloadavg()[0],
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python benchmarks/bench_broadcast.py " + " ".join(sys.argv[1:]),
     }
     (RESULTS / "broadcast.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     (RESULTS / "broadcast.md").write_text(
-        f"# broadcast benchmark\n\n`{meta['command']}` on {meta['cpus']} CPUs, torch {meta['torch']}, "
-        f"gloo over loopback, {meta['when']}.\n\n{report}\n"
+        f"# broadcast benchmark\n\n`{meta['command']}` on {meta['cpus']} CPUs (1-minute load average "
+        f"{meta['load_average_1m_at_end']:.1f} at the end: a shared machine), torch {meta['torch']}, gloo over "
+        f"loopback, {meta['when']}. Times are the minimum over interleaved rounds (median beside it).\n\n{report}\n"
     )
 
 
