@@ -75,9 +75,6 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
     Raises:
         SchedulerEnvError: MASTER_ADDR or MASTER_PORT is unknown for a multi-process world.
     """
-    import torch
-    import torch.distributed as dist
-
     if env.world_size > 1 and (env.master_addr is None or env.master_port is None):
         missing = [
             name
@@ -89,6 +86,9 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
             variables=tuple(missing),
             fix="pass them to every process, e.g. `mpirun -x MASTER_ADDR=<rank 0 host> -x MASTER_PORT=<port>`.",
         )
+    import torch  # only now: a refused check above stays fast
+    import torch.distributed as dist
+
     env.export()
     if env.world_size == 1 and env.master_port is None:
         store = dist.HashStore()  # type: ignore[attr-defined]  # re-exported from torch._C

@@ -308,7 +308,8 @@ def daemon_step_facts(v: Vars, slurm: Slurm, draft: Draft) -> None:
                 f"SLURM_PROCID={slurm.procid} belongs to {draft.launcher}'s launcher daemons, not to this rank; it "
                 "is ignored."
             )
-    if job is not None and job[0] and draft.master_addr is None:
+    on_one_node = draft.local_world_size is not None and draft.local_world_size == draft.world_size
+    if job is not None and job[0] and draft.master_addr is None and not on_one_node:
         _aliased(v, job[0][0], draft, job[1])
         draft.note(
             f"MASTER_ADDR is the first node of the job ({job[0][0]}), assuming {draft.launcher} placed rank 0 there "

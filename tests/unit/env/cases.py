@@ -632,6 +632,11 @@ GOOD: list[Any] = [
         {"rank": 1, "world_size": 4, "master_addr": "gpu-node01", "launcher": "openmpi"},
         id="mpirun-in-sbatch-rank-on-batch-node",
     ),
+    pytest.param(
+        {**ompi(1, 2, 1, 2), **ALLOC, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"},
+        {"rank": 1, "master_addr": "127.0.0.1", "node_rank": 0, "num_nodes": 1, "launcher": "openmpi"},
+        id="mpirun-in-sbatch-one-node-world-is-local",
+    ),
     # ---- MPICH / Intel MPI hydra ---------------------------------------------------------------
     pytest.param(
         hydra(1, 2, 1, 2),
