@@ -32,8 +32,8 @@ demo: $(STAMP)
 	$(BIN)/torchrun --standalone --nproc-per-node=4 --no-python $(BIN)/distinit env --explain --check
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
+	$(BIN)/ruff format --check src tests benchmarks examples scripts
 	$(BIN)/mypy
 
 unit: $(STAMP)
