@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from distinit.broadcast._dtypes import describe, device_type_name, dtype_name
 from distinit.broadcast._header import MAGIC, OP_NAMES, OP_OBJECT, OP_TENSOR, View
@@ -132,8 +132,8 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
     size = len(views)
     call = OP_NAMES.get(my_op, "broadcast")
 
-    def mismatch(field: str, ranks: Sequence[int], text: dict[int, str], why: str, fix: str, **kw: object) -> Mismatch:
-        return Mismatch(call, seq, size, src, field, tuple(sorted(ranks)), text, why, fix, **kw)  # type: ignore[arg-type]
+    def mismatch(field: str, ranks: Sequence[int], text: dict[int, str], why: str, fix: str) -> Mismatch:
+        return Mismatch(call, seq, size, src, field, tuple(sorted(ranks)), text, why, fix)
 
     src: int | None = None
     bad = [r for r, v in enumerate(views) if v.magic != MAGIC]
@@ -223,10 +223,8 @@ def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
     return None
 
 
-def _judge_tensor(views: Sequence[View], src: int, mismatch: object) -> Mismatch | None:
+def _judge_tensor(views: Sequence[View], src: int, make: Callable[..., Mismatch]) -> Mismatch | None:
     sv = views[src]
-    make = mismatch  # the closure built in judge()
-    sent_desc = describe(sv.dtype, sv.shape)
 
     def view_text(r: int) -> str:
         v = views[r]
@@ -237,7 +235,7 @@ def _judge_tensor(views: Sequence[View], src: int, mismatch: object) -> Mismatch
     receivers = [r for r, v in enumerate(views) if r != src and v.has_buffer]
     bad = [r for r in receivers if views[r].device != sv.device]
     if bad:
-        return make(  # type: ignore[operator, no-any-return]
+        return make(
             "device",
             bad,
             {r: view_text(r) for r in [src, *bad]},
@@ -248,7 +246,7 @@ def _judge_tensor(views: Sequence[View], src: int, mismatch: object) -> Mismatch
         )
     bad = [r for r in receivers if views[r].dtype != sv.dtype]
     if bad:
-        return make(  # type: ignore[operator, no-any-return]
+        return make(
             "dtype",
             bad,
             {r: view_text(r) for r in [src, *bad]},
@@ -278,7 +276,7 @@ def _judge_tensor(views: Sequence[View], src: int, mismatch: object) -> Mismatch
         else:
             why = "the buffers differ in size from what src sends: a raw broadcast would corrupt or abort"
         dims = ", ".join(str(d) for d in sv.shape)
-        return make(  # type: ignore[operator, no-any-return]
+        return make(
             "shape",
             bad,
             {r: view_text(r) for r in [src, *bad]},
@@ -286,5 +284,4 @@ def _judge_tensor(views: Sequence[View], src: int, mismatch: object) -> Mismatch
             f"pass None on receivers to allocate from the sender's header, or allocate "
             f"torch.empty({dims}{',' if len(sv.shape) == 1 else ''}) on {ranks_phrase(bad)}",
         )
-    del sent_desc
     return None
