@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -107,6 +108,9 @@ def teardown() -> None:
     """Destroy the default process group if one exists and forget :func:`setup`'s result. Idempotent."""
     _Current.result = None
     if dist.is_available() and dist.is_initialized():
+        # Free cyclic garbage that still holds the group (a DDP reducer, say) while the interpreter is
+        # fully alive: left to interpreter shutdown, its native threads may be torn down out of order.
+        gc.collect()
         try:
             dist.destroy_process_group()
         except (RuntimeError, AssertionError, ValueError) as exc:
