@@ -3,6 +3,7 @@
 Usage: ``python _worker.py SPEC_JSON OUT_PATH``. SPEC keys: ``kwargs`` (for init_with_retry; ``backoff``
 as a dict), ``start_after`` (seconds; the late start IS the scenario), ``mode`` (``normal``,
 ``die_in_init``: exit in place of init_process_group, simulating a crash after joining),
+``after_file`` (wait for this file, a peer's "calling now" mark, before ``start_after``),
 ``hold`` (seconds to keep the group alive after success).
 """
 
@@ -19,11 +20,16 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     out = sys.argv[2]
     logging.basicConfig(level=logging.INFO, format="[%(process)d] %(name)s %(levelname)s %(message)s")
-    time.sleep(float(spec.get("start_after", 0)))
     import torch.distributed as dist
 
     import distinit
     from distinit.init import Backoff, init_with_retry
+
+    if spec.get("after_file"):  # start late relative to a peer's call, not to our own (slow) imports
+        end = time.monotonic() + 120
+        while not os.path.exists(spec["after_file"]) and time.monotonic() < end:
+            time.sleep(0.02)
+    time.sleep(float(spec.get("start_after", 0)))  # the late start IS the scenario
 
     if spec.get("mode") == "die_in_init":
 
@@ -60,6 +66,8 @@ def main() -> None:
                 events.append(payload)
 
     logging.getLogger("distinit").addHandler(Capture())
+    with open(out + ".started", "w"):
+        pass
     started = time.monotonic()
     result: dict[str, object] = {"pid": os.getpid(), "events": events}
     try:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,11 +68,14 @@ class Launcher:
         env: dict[str, str] | None = None,
         prefix: Sequence[str] = (),
         name: str | None = None,
+        after: Rank | None = None,
     ) -> Rank:
         name = name or f"rank{rank}-{len(self.ranks)}"
         out = self.tmp_path / f"{name}.json"
         log = self.tmp_path / f"{name}.log"
         spec = {"kwargs": kwargs or {}, "start_after": start_after, "mode": mode, "hold": hold}
+        if after is not None:  # start_after counts from the moment `after` calls init_with_retry
+            spec["after_file"] = str(after.out) + ".started"
         environ = {
             k: v
             for k, v in os.environ.items()
@@ -148,3 +152,33 @@ def netns_available() -> str | None:
         if shutil.which(tool) is None:
             return f"needs the `{tool}` command (iproute2 / nftables)"
     return None
+
+
+class HoldingListener:
+    """A foreign program on a port of its own: accepts connections and holds them without a word."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.port = int(self.server.getsockname()[1])
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.server.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                continue
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+        self.server.close()
