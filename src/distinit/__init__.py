@@ -3,11 +3,12 @@
 The public face of the package: imports and ``__all__`` only. See the docs for each capability
 (``docs/``) and ``distinit.errors`` for the exception tree.
 
-The rendezvous (``init``) and broadcast names are resolved on first use. Both import torch, and this
-package is imported by the pytest plugin that pytest loads into *every* session of anyone who installs
-distinit; importing torch there would cost every such session a second or more. The table below is
-static (no dispatch by pattern), and type checkers see the real imports through ``TYPE_CHECKING``.
-This is the one deviation from the house style's "no ``__getattr__``" rule, for that reason.
+Only the errors are imported eagerly; every other name is resolved on first use. This package is
+imported by the pytest plugin that pytest loads into *every* session of anyone who installs distinit,
+so ``import distinit`` must cost next to nothing: ``init`` and ``broadcast`` import torch (a second or
+more), ``env`` and ``watchdog`` import pydantic. The table below is static (no dispatch by pattern),
+and type checkers see the real imports through ``TYPE_CHECKING``. This is the one deviation from the
+house style's "no ``__getattr__``" rule, for that reason.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from distinit.env import DistEnv, env_from_scheduler, expand_hostlist
 from distinit.errors import (
     BroadcastMismatchError,
     ConflictingEnvError,
@@ -33,16 +33,24 @@ from distinit.errors import (
     WatchdogError,
     WorldSizeMismatchError,
 )
-from distinit.watchdog import AutoTimeout, WatchdogClient, WatchdogEvent, WatchdogServer
 
 if TYPE_CHECKING:
     from distinit.broadcast import broadcast_module, broadcast_object, broadcast_state_dict, broadcast_tensor
+    from distinit.env import DistEnv, env_from_scheduler, expand_hostlist
     from distinit.init import AttemptRecord, Backoff, InitReport, SetupResult, init_with_retry, setup, teardown
+    from distinit.watchdog import AutoTimeout, WatchdogClient, WatchdogEvent, WatchdogServer
 
 __version__ = "0.1.0"
 
-#: Names that live in torch-importing packages, imported on first attribute access.
+#: Names imported on first attribute access, and the package each lives in.
 _LAZY = {
+    "DistEnv": "distinit.env",
+    "env_from_scheduler": "distinit.env",
+    "expand_hostlist": "distinit.env",
+    "AutoTimeout": "distinit.watchdog",
+    "WatchdogClient": "distinit.watchdog",
+    "WatchdogEvent": "distinit.watchdog",
+    "WatchdogServer": "distinit.watchdog",
     "AttemptRecord": "distinit.init",
     "Backoff": "distinit.init",
     "InitReport": "distinit.init",
