@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -13,18 +12,30 @@ import torch.distributed as dist
 from distinit.broadcast import _header
 
 
-@dataclasses.dataclass(frozen=True)
 class CallContext:
-    """The group facts one call needs, resolved once on entry."""
+    """The group facts one call needs, resolved once on entry (a slotted class: cheap per call)."""
 
-    group: Any
-    size: int
-    rank: int  # group-local rank of this process
-    global_rank: int
-    backend: str
-    comm_device: torch.device  # where header and payload collectives run
-    seq: int
-    timeout: float | None
+    __slots__ = ("backend", "comm_device", "global_rank", "group", "rank", "seq", "size", "timeout")
+
+    def __init__(
+        self,
+        group: Any,
+        size: int,
+        rank: int,
+        global_rank: int,
+        backend: str,
+        comm_device: torch.device,
+        seq: int,
+        timeout: float | None,
+    ) -> None:
+        self.group = group
+        self.size = size
+        self.rank = rank  # group-local rank of this process
+        self.global_rank = global_rank
+        self.backend = backend
+        self.comm_device = comm_device  # where header and payload collectives run
+        self.seq = seq
+        self.timeout = timeout
 
     def is_src(self, src: int) -> bool:
         """Whether this rank is the (group-local) source."""
@@ -37,6 +48,15 @@ class CallContext:
         return int(dist.get_global_rank(self.group, group_rank))
 
 
+class _Facts:
+    """What never changes for a group: its backend, size, this process's ranks, the collective device."""
+
+    __slots__ = ("backend", "device", "global_rank", "rank", "size")
+
+    def __init__(self, backend: str, size: int, rank: int, global_rank: int, device: torch.device) -> None:
+        self.backend, self.size, self.rank, self.global_rank, self.device = backend, size, rank, global_rank, device
+
+
 def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
     """Resolve ``group`` (None: the default group) and normalise ``timeout`` to seconds.
 
@@ -47,7 +67,7 @@ def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if seconds is not None and not seconds > 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-    if not dist.is_available() or not dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "distinit.broadcast needs an initialised process group: call torch.distributed.init_process_group "
             "(or distinit.init_with_retry) first"
@@ -57,25 +77,25 @@ def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
     if facts is None:
         facts = _group_facts(pg)
         _FACTS[pg] = facts
-    backend, size, rank, global_rank, device = facts
+    device = facts.device
     return CallContext(
-        group=pg,
-        size=size,
-        rank=rank,
-        global_rank=global_rank,
-        backend=backend,
-        comm_device=device if device.type != "cuda" else torch.device("cuda", torch.cuda.current_device()),
-        seq=_header.SEQUENCE.next(pg),
-        timeout=seconds,
+        pg,
+        facts.size,
+        facts.rank,
+        facts.global_rank,
+        facts.backend,
+        device if device.type != "cuda" else torch.device("cuda", torch.cuda.current_device()),
+        _header.SEQUENCE.next(pg),
+        seconds,
     )
 
 
 # A group's backend, size and this process's ranks never change; asking torch costs ~50 µs a call,
 # half of a small broadcast. Weakly keyed: a destroyed group's entry goes with it.
-_FACTS: weakref.WeakKeyDictionary[Any, tuple[str, int, int, int, torch.device]] = weakref.WeakKeyDictionary()
+_FACTS: weakref.WeakKeyDictionary[Any, _Facts] = weakref.WeakKeyDictionary()
 
 
-def _group_facts(pg: Any) -> tuple[str, int, int, int, torch.device]:
+def _group_facts(pg: Any) -> _Facts:
     backend = str(dist.get_backend(pg)).lower()
     rank = dist.get_rank(pg)
     if rank < 0:
@@ -83,7 +103,7 @@ def _group_facts(pg: Any) -> tuple[str, int, int, int, torch.device]:
             f"global rank {dist.get_rank()} is not a member of the group it passed to distinit.broadcast; "
             "only members of `group` may call (as with torch.distributed.broadcast)"
         )
-    return backend, dist.get_world_size(pg), rank, dist.get_rank(), comm_device(backend)
+    return _Facts(backend, dist.get_world_size(pg), rank, dist.get_rank(), comm_device(backend))
 
 
 def comm_device(backend: str) -> torch.device:

@@ -1,16 +1,24 @@
 """The fixed-size int64 header every rank contributes to each call, and its exchange.
 
-One all_gather of a ``[HEADER_WORDS]`` int64 row per rank gives every rank every rank's view of
-the call, so all ranks reach the same verdict from the same facts. The row is the same size for
-every call kind, so ranks that disagree on *which* call they make still exchange equal-sized
-buffers: gloo aborts the process (SIGABRT) when sizes differ, which is the failure we exist to
-prevent. Small payloads (up to :data:`INLINE_BYTES`) ride inside src's row, so a small broadcast
-costs one collective instead of two.
+Every rank sends its ``[HEADER_WORDS]`` int64 row to every rank of the group in one
+``all_to_all_single`` (an all-gather in effect), so each rank holds every rank's view of the call
+and all ranks reach the same verdict from the same facts. The row is the same size for every call
+kind, so ranks that disagree on *which* call they make still exchange equal-sized buffers: gloo
+aborts the process (SIGABRT) when sizes differ, which is the failure we exist to prevent. Small
+payloads (up to :data:`INLINE_BYTES`) ride inside src's row, so a small broadcast costs one
+collective instead of two.
+
+Why all-to-all rather than all_gather or all_reduce (``benchmarks/bench_broadcast.py`` measures the
+header; the primitive comparison is in docs/broadcast.md): gloo's all_gather is a ring (world - 1
+sequential steps; 2-3x a 1 KB broadcast at world 2, ~4x at world 4) and its all_reduce costs ~1 ms
+for a few words, while its all-to-all sends every pair at once and costs about one small broadcast
+at world 2. Protocol version 2 (version 1 used all_gather; mixing versions is not supported).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import struct
 import weakref
 from collections.abc import Sequence
 from datetime import timedelta
@@ -19,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-MAGIC = 0x64697374_62630001  # "distbc" + protocol version 1
+MAGIC = 0x64697374_62630002  # "distbc" + protocol version 2 (all-to-all exchange)
 MAX_NDIM = 12
 FIXED_WORDS = 32
 INLINE_BYTES = 4096
@@ -29,6 +37,9 @@ A protocol constant rather than a per-call option: ranks that disagreed on it wo
 differently sized rows, which gloo answers with SIGABRT.
 """
 HEADER_WORDS = FIXED_WORDS + INLINE_BYTES // 8
+HEADER_BYTES = HEADER_WORDS * 8
+FIXED_BYTES = FIXED_WORDS * 8
+_FIXED = struct.Struct(f"={FIXED_WORDS}q")  # native byte order, as an int64 tensor would hold it
 
 # Word offsets in a row.
 W_MAGIC, W_SEQ, W_OP, W_SRC, W_HAS_BUFFER, W_STATUS, W_DTYPE, W_DEVICE, W_NDIM = range(9)
@@ -47,9 +58,9 @@ OP_NAMES = {OP_TENSOR: "broadcast_tensor", OP_OBJECT: "broadcast_object", OP_STA
 NOT_INLINE = -1
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class View:
-    """One rank's view of a call: the fixed words of its header row, decoded."""
+    """One rank's view of a call: the fixed words of its header row, decoded (slotted: cheap to build)."""
 
     magic: int
     seq: int
@@ -73,24 +84,11 @@ class View:
         """Decode the first :data:`FIXED_WORDS` words of a row (garbage-tolerant: never raises)."""
         ndim = int(words[W_NDIM])
         dims = tuple(int(d) for d in words[W_SHAPE : W_SHAPE + max(0, min(ndim, MAX_NDIM))])
-        return cls(
-            magic=int(words[W_MAGIC]),
-            seq=int(words[W_SEQ]),
-            op=int(words[W_OP]),
-            src=int(words[W_SRC]),
-            has_buffer=bool(words[W_HAS_BUFFER]),
-            status=int(words[W_STATUS]),
-            dtype=int(words[W_DTYPE]),
-            device=int(words[W_DEVICE]),
-            ndim=ndim,
-            shape=dims,
-            nbytes=int(words[W_NBYTES]),
-            fingerprint=int(words[W_FINGERPRINT]),
-            count=int(words[W_COUNT]),
-            aux_nbytes=int(words[W_AUX_NBYTES]),
-            inline=int(words[W_INLINE]),
-            global_rank=int(words[W_GLOBAL_RANK]),
-        )
+        w = [int(x) for x in words[:FIXED_WORDS]]
+        # Positional, in field order: the hot path of every call.
+        return cls(w[W_MAGIC], w[W_SEQ], w[W_OP], w[W_SRC], bool(w[W_HAS_BUFFER]), w[W_STATUS], w[W_DTYPE],
+                   w[W_DEVICE], ndim, dims, w[W_NBYTES], w[W_FINGERPRINT], w[W_COUNT], w[W_AUX_NBYTES],
+                   w[W_INLINE], w[W_GLOBAL_RANK])  # fmt: skip
 
 
 def fixed_words(
@@ -155,16 +153,32 @@ SEQUENCE = SequenceCounter()
 
 
 class Exchange:
-    """Result of one header all_gather: every rank's view, plus the inline payload of any row."""
+    """Result of one header exchange: every rank's view, plus the inline payload of any row."""
 
-    def __init__(self, table: torch.Tensor) -> None:
-        self.table = table  # [group_size, HEADER_WORDS] int64 on CPU
-        self.views = [View.from_words(row) for row in table[:, :FIXED_WORDS].tolist()]
+    def __init__(self, raw: bytearray, group_size: int) -> None:
+        self.raw = raw  # group_size rows of HEADER_BYTES, native int64 words
+        words = memoryview(raw).cast("q")
+        self.views = [
+            View.from_words(words[r * HEADER_WORDS : r * HEADER_WORDS + FIXED_WORDS].tolist())
+            for r in range(group_size)
+        ]
+
+    def _span(self, rank: int) -> tuple[int, int]:
+        length = max(0, min(self.views[rank].inline, INLINE_BYTES))
+        start = rank * HEADER_BYTES + FIXED_BYTES
+        return start, length
+
+    def inline_bytes(self, rank: int) -> bytes:
+        """The inline bytes in ``rank``'s row (the row says how many are valid)."""
+        start, length = self._span(rank)
+        return bytes(self.raw[start : start + length])
 
     def inline_payload(self, rank: int) -> torch.Tensor:
-        """The inline bytes in ``rank``'s row (a uint8 view; the row says how many are valid)."""
-        length = max(0, min(self.views[rank].inline, INLINE_BYTES))
-        return self.table[rank, FIXED_WORDS:].view(torch.uint8)[:length]
+        """The inline bytes in ``rank``'s row as a CPU uint8 tensor sharing this exchange's memory."""
+        start, length = self._span(rank)
+        if not length:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(self.raw, dtype=torch.uint8, count=length, offset=start)
 
 
 def exchange(
@@ -173,22 +187,53 @@ def exchange(
     group: Any,
     group_size: int,
     device: torch.device,
-    inline: torch.Tensor | None = None,
+    inline: torch.Tensor | bytes | None = None,
     timeout: float | None = None,
 ) -> Exchange:
-    """All-gather this rank's header row (``words`` plus optional inline uint8 payload).
+    """Send this rank's header row (``words`` plus optional inline payload) to every rank.
+
+    One ``all_to_all_single`` of ``group_size`` copies of the row: rank ``r``'s row lands in row
+    ``r`` of every rank's table. Every buffer has the fixed size ``group_size * HEADER_BYTES``.
+    Rows are built in a ``bytearray`` (no per-word torch ops: this is the hot path of a small call).
 
     Raises:
         CollectiveFailed: the exchange timed out or a peer failed.
     """
-    row = torch.zeros(HEADER_WORDS, dtype=torch.int64)
-    row[:FIXED_WORDS] = torch.tensor(words, dtype=torch.int64)
-    if inline is not None and inline.numel():
-        row[FIXED_WORDS:].view(torch.uint8)[: inline.numel()].copy_(inline)
-    row = row.to(device)
-    table = torch.empty(group_size * HEADER_WORDS, dtype=torch.int64, device=device)
-    wait(_all_gather_single(table, row, group), timeout)
-    return Exchange(table.view(group_size, HEADER_WORDS).cpu())
+    total = group_size * HEADER_BYTES
+    send = bytearray(total)
+    _FIXED.pack_into(send, 0, *words)
+    if isinstance(inline, torch.Tensor):
+        if inline.numel():
+            torch.frombuffer(send, dtype=torch.uint8, count=inline.numel(), offset=FIXED_BYTES).copy_(inline)
+    elif inline:
+        send[FIXED_BYTES : FIXED_BYTES + len(inline)] = inline
+    view = memoryview(send)
+    for r in range(1, group_size):
+        view[r * HEADER_BYTES : (r + 1) * HEADER_BYTES] = view[:HEADER_BYTES]
+    del view  # a live memoryview would pin the bytearray's size
+    recv = bytearray(total)
+    send_t = torch.frombuffer(send, dtype=torch.int64)
+    recv_t = torch.frombuffer(recv, dtype=torch.int64)
+    if device.type == "cpu":
+        wait(_all_to_all(recv_t, send_t, group), timeout)
+    else:
+        out = torch.empty(total // 8, dtype=torch.int64, device=device)
+        wait(_all_to_all(out, send_t.to(device), group), timeout)
+        recv_t.copy_(out)
+    return Exchange(recv, group_size)
+
+
+def _all_to_all(out: torch.Tensor, inp: torch.Tensor, group: Any) -> Any:
+    """Start an even all-to-all; straight on the ProcessGroup when it offers ``alltoall_base``.
+
+    That is what ``dist.all_to_all_single`` calls after its argument checks (~6 µs a call, a tenth of
+    a small broadcast); our buffers are built here, so the checks cannot fail. Falls back to the
+    public function for groups without the method.
+    """
+    direct = getattr(group, "alltoall_base", None)
+    if direct is not None:
+        return direct(out, inp, [], [])
+    return dist.all_to_all_single(out, inp, group=group, async_op=True)
 
 
 def exchange_blobs(

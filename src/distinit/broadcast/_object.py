@@ -1,7 +1,7 @@
 """``broadcast_object``: typed objects as pydantic JSON, validated on receipt; never pickle.
 
 Small payloads (up to 4 KiB of JSON, no tensors) ride inside the header collective, so a typical
-config costs one all_gather. Tensors inside an object are replaced by markers in the JSON and
+config costs one all-to-all header exchange. Tensors inside an object are replaced by markers in the JSON and
 their bytes travel after it in the same payload collective, so receivers always know how many
 bytes to expect from the header alone, even when they then reject the JSON.
 """
@@ -255,7 +255,7 @@ def broadcast_object(
             status, local_exc = _mismatch.SERIALIZE_FAILED, exc
     tensor_nbytes = sum(t.numel() * t.element_size() for t in tensors)
     fits_inline = not tensors and len(payload) <= _header.INLINE_BYTES
-    inline = from_bytes(payload) if is_src and fits_inline and status == _mismatch.OK else None
+    inline = payload if is_src and fits_inline and status == _mismatch.OK else None
     words = _header.fixed_words(
         seq=ctx.seq,
         op=_header.OP_OBJECT,
@@ -289,7 +289,7 @@ def broadcast_object(
     if sv.inline != _header.NOT_INLINE:
         if is_src:
             return obj
-        raw = to_bytes(exchanged.inline_payload(src))
+        raw = exchanged.inline_bytes(src)
         return _decode_or_raise(raw, torch.empty(0, dtype=torch.uint8), 0, tp, ctx, src)
     total = sv.aux_nbytes + sv.nbytes
     if not 0 <= total <= MAX_PAYLOAD_BYTES or sv.count < 0:

@@ -337,7 +337,7 @@ def _run(
             group=ctx.group,
             group_size=ctx.size,
             device=ctx.comm_device,
-            inline=from_bytes(meta) if inline_meta else None,
+            inline=meta if inline_meta else None,
             timeout=ctx.timeout,
         )
         views = exchanged.views
@@ -364,7 +364,7 @@ def _run(
             return names, tensors
         if names is None or tensors is None:
             if sv.inline != _header.NOT_INLINE:
-                src_meta = to_bytes(exchanged.inline_payload(src))
+                src_meta = exchanged.inline_bytes(src)
             else:
                 buf = torch.empty(sv.aux_nbytes, dtype=torch.uint8, device=ctx.comm_device)
                 wait_or_raise(broadcast_bytes(buf, src, ctx), ctx, call, src, "metadata broadcast")

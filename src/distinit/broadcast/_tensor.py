@@ -89,27 +89,21 @@ def broadcast_tensor(
     status = _status_of(tensor, is_src)
     usable = tensor if status == _mismatch.OK and isinstance(tensor, torch.Tensor) else None
     inline: torch.Tensor | None = None
-    words_kw: dict[str, Any] = {}
     if usable is not None:
-        nbytes = usable.numel() * usable.element_size()
-        words_kw = {
-            "dtype": dtype_code(usable.dtype),
-            "device": device_type_code(usable.device),
-            "shape": tuple(usable.shape),
-            "nbytes": nbytes,
-        }
+        nbytes = usable.nbytes
+        dev = usable.device
         if is_src and nbytes <= _header.INLINE_BYTES:
-            inline = as_bytes(usable.detach().to("cpu").contiguous())
-    words = _header.fixed_words(
-        seq=ctx.seq,
-        op=_header.OP_TENSOR,
-        src=src,
-        has_buffer=usable is not None,
-        status=status,
-        inline=inline.numel() if inline is not None else _header.NOT_INLINE,
-        global_rank=ctx.global_rank,
-        **words_kw,
-    )
+            on_cpu = dev.type == "cpu" and usable.is_contiguous()
+            inline = as_bytes(usable.detach() if on_cpu else usable.detach().to("cpu").contiguous())
+        words = _header.fixed_words(
+            seq=ctx.seq, op=_header.OP_TENSOR, src=src, has_buffer=True, status=status,
+            dtype=dtype_code(usable.dtype), device=device_type_code(dev), shape=usable.shape, nbytes=nbytes,
+            inline=nbytes if inline is not None else _header.NOT_INLINE, global_rank=ctx.global_rank,
+        )  # fmt: skip
+    else:
+        words = _header.fixed_words(
+            seq=ctx.seq, op=_header.OP_TENSOR, src=src, status=status, global_rank=ctx.global_rank
+        )
     try:
         exchanged = _header.exchange(
             words, group=ctx.group, group_size=ctx.size, device=ctx.comm_device, inline=inline, timeout=ctx.timeout
@@ -149,7 +143,7 @@ def broadcast_tensor(
             )
         out = torch.empty(sv.shape, dtype=dtype, device=_receiver_device(device, sv.device, ctx))
     if sv.inline != _header.NOT_INLINE:
-        copy_back(out, exchanged.inline_payload(src).to(out.device))
+        copy_back(out, exchanged.inline_payload(src))  # copy_ moves it to out's device
         return out
     buf, staged = receive_view(out, ctx.comm_device)
     wait_or_raise(broadcast_bytes(buf, src, ctx), ctx, CALL, src, "payload broadcast")
