@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -18,7 +19,7 @@ from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
 from distinit.env import DistEnv, env_from_scheduler
-from distinit.errors import RendezvousError
+from distinit.errors import RendezvousError, RendezvousTimeoutError
 from distinit.init import _messages, _preflight
 from distinit.init._attempt import AttemptFailed, FailureKind
 from distinit.init._backoff import Backoff
@@ -37,6 +38,9 @@ PORT_GRACE = 30.0
 #: One reachability probe's connect bound, and its store-handshake bound.
 PROBE_TIMEOUT = 5.0
 HANDSHAKE_TIMEOUT = 3.0
+#: Seconds past the deadline that the caller waits for a rendezvous thread stuck in a native call before it
+#: raises anyway (torch's store client has no receive timeout: a frozen store host blocks it forever).
+OVERRUN_GRACE = 2.0
 
 
 def _default_pg_timeout(backend: str) -> timedelta:
@@ -131,10 +135,17 @@ class _Rendezvous:
         self.counter_resets = 0
         self._streak: tuple[FailureKind, float] | None = None
         self._phase: Phase = "store"
+        self._attempt = (0, self.start)  # (number, monotonic start) of the attempt in progress
+        self._paused_at: float | None = None  # set while pausing between attempts
+        # Guards the hand-over between the rendezvous thread and the caller waiting for it (see run()).
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._formed = False
 
     # the attempt ----------------------------------------------------------------------------------
     def attempt(self, number: int) -> None:
         begun = time.monotonic()
+        self._attempt, self._paused_at = (number, begun), None
         end = min(begun + self.attempt_timeout, self.deadline_at)
         self._phase = "probe" if not self.hosting else "store"
         try:
@@ -142,15 +153,22 @@ class _Rendezvous:
                 if self.join is None:
                     self._open_store(end)
                 join = self.join
-                if join is None:  # pragma: no cover - _open_store sets it or raises
+                if join is None or self.store is None:  # pragma: no cover - _open_store sets both or raises
                     raise AttemptFailed("store", "no store")
+                # A failed init restored the collective timeout on the store: bound this attempt's calls again.
+                self.store.set_timeout(timedelta(seconds=max(end - time.monotonic(), 1.0)))
                 self._phase = "join"
                 generation = join.generation()
                 self.generation = generation
                 join.enter(generation)
                 join.wait(generation, end - time.monotonic())
+                # Every rank joined: init gets a bound of its own. Ranks that waited long for a late peer
+                # would otherwise start init with scraps of their attempt while the late rank has all of
+                # its own, give up first, and fall a generation out of phase with it.
                 self._phase = "init"
-                self._init_process_group(join, generation, end)
+                self._init_process_group(
+                    join, generation, min(time.monotonic() + self.attempt_timeout, self.deadline_at)
+                )
             except (dist.DistError, RuntimeError, OSError) as exc:
                 raise self._lost(exc) from exc
         except (AttemptFailed, RendezvousError) as exc:
@@ -158,6 +176,16 @@ class _Rendezvous:
             if isinstance(exc, AttemptFailed):
                 self._escalate(exc)
             raise
+        with self._lock:
+            abandoned, self._formed = self._abandoned, not self._abandoned
+        if abandoned:
+            # The caller already raised RendezvousTimeoutError: do not leave a group behind it.
+            self._cleanup()
+            raise RendezvousError(
+                f"rank {self.rank}: the process group formed after the caller gave up; destroyed again",
+                rank=self.rank,
+                master=self.master,
+            )
         self._phase = "done"
         self._record(number, begun, None)
 
@@ -402,6 +430,7 @@ class _Rendezvous:
 
     def pause(self, seconds: float) -> None:
         """Sleep between attempts, but wake at once if the world completes meanwhile (joined ranks)."""
+        self._paused_at = time.monotonic()
         join, generation = self.join, self.generation
         if join is not None and generation is not None and self.records and self.records[-1].phase == "join":
             try:
@@ -423,13 +452,110 @@ class _Rendezvous:
             master=self.master,
             deadline=self.deadline,
             missing=missing,
-            attempts=[
-                f"#{r.number} {r.phase} {r.elapsed:.1f} s{'' if r.error == r.phase else f' ({r.error})'}: {r.message}"
-                for r in self.records
-                if r.error
-            ],
+            attempts=self._attempt_lines(list(self.records)),
             generation=self.generation,
         ) from last
+
+    @staticmethod
+    def _attempt_lines(records: list[AttemptRecord]) -> list[str]:
+        return [
+            f"#{r.number} {r.phase} {r.elapsed:.1f} s{'' if r.error == r.phase else f' ({r.error})'}: {r.message}"
+            for r in records
+            if r.error
+        ]
+
+    def overrun(self) -> RendezvousTimeoutError | None:
+        """Give up on a rendezvous thread still blocked past the deadline (None: it formed the group meanwhile).
+
+        The thread is left behind, blocked in a native call nothing can interrupt; if that call ever returns
+        and the group forms, :meth:`attempt` destroys it again.
+        """
+        with self._lock:
+            if self._formed:
+                return None
+            self._abandoned = True
+        number, begun = self._attempt
+        phase: str = self._phase
+        paused_at = self._paused_at
+        now = time.monotonic()
+        records = list(self.records)
+        missing = next((r.missing_ranks for r in reversed(records) if r.missing_ranks), ())
+        if paused_at is not None:
+            phase, begun = "the pause", paused_at
+            blocked = f"the pause after attempt {number} blocked on the store for {now - begun:.1f} s"
+        else:
+            blocked = f"attempt {number} blocked in {phase} for {now - begun:.1f} s"
+        error = _messages.rendezvous_timeout(
+            rank=self.rank,
+            world_size=self.world_size,
+            master=self.master,
+            deadline=self.deadline,
+            missing=missing,
+            attempts=[*self._attempt_lines(records), f"#{number} {phase} {now - begun:.1f} s: blocked, abandoned"],
+            generation=self.generation,
+            blocked=blocked,
+        )
+        logger.error(
+            "rank %d: rendezvous at %s abandoned %.1f s past the deadline: %s",
+            self.rank,
+            self.master,
+            now - self.deadline_at,
+            blocked,
+            extra={
+                "distinit": {
+                    "event": "init.abandoned",
+                    "rank": self.rank,
+                    "attempt": number,
+                    "phase": phase,
+                    "generation": self.generation,
+                    "elapsed_s": round(now - self.start, 3),
+                }
+            },
+        )
+        return error
+
+    def run(self) -> None:
+        """Run the attempts in a helper thread that the caller stops waiting for at the deadline.
+
+        torch's TCPStore client reads replies without a timeout (only ``wait`` has one), and gloo's bootstrap
+        reads through it: a store host that stops answering while its TCP connection stays up (frozen,
+        SIGSTOPped, swapped out, behind a lossy link) blocks such a read for as long as TCP keeps retrying,
+        which is many minutes. No Python-level bound can interrupt it, so the rendezvous runs in a daemon
+        thread and the caller raises :class:`RendezvousTimeoutError` :data:`OVERRUN_GRACE` seconds after
+        the deadline if the thread is still blocked.
+        """
+        outcome: list[BaseException] = []
+        device = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            device = torch.cuda.current_device()  # the CUDA current device is per thread: carry it over
+
+        def body() -> None:
+            try:
+                if device is not None:
+                    torch.cuda.set_device(device)
+                retry_until(
+                    self.attempt,
+                    deadline_at=self.deadline_at,
+                    backoff=self.backoff,
+                    rng=self.rng,
+                    pause=self.pause,
+                    on_retry=self.on_retry,
+                    give_up=self.give_up,
+                )
+            except BaseException as exc:  # handed to the caller below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=body, name=f"distinit-rendezvous-rank{self.rank}", daemon=True)
+        thread.start()
+        thread.join(max(self.deadline_at + OVERRUN_GRACE - time.monotonic(), 0.0))
+        if thread.is_alive():
+            error = self.overrun()
+            if error is None:
+                thread.join()  # formed just now: only the bookkeeping is left
+            elif not outcome:  # (else it ended on its own verdict just now: raise that one)
+                raise error
+        if outcome:
+            raise outcome[0]
 
     def report(self, store_kind: str) -> InitReport:
         return InitReport.model_validate(
@@ -540,15 +666,7 @@ def init_with_retry(
         environ=os.environ,
         backoff=backoff or Backoff(),
     )
-    retry_until(
-        session.attempt,
-        deadline_at=session.deadline_at,
-        backoff=session.backoff,
-        rng=session.rng,
-        pause=session.pause,
-        on_retry=session.on_retry,
-        give_up=session.give_up,
-    )
+    session.run()
     report = session.report("agent" if session.agent else "hosted" if session.hosting else "client")
     logger.info(
         "rank %d: %s process group formed at %s in %.2f s after %d attempt(s)",

@@ -200,6 +200,11 @@ class JoinProtocol:
             now = time.monotonic()
             left = end - now
             if left <= 0:
+                state = self._get_now(key)  # a last look: the last "ok" may have arrived as the wait ended
+                if state == "ok":
+                    return
+                if state is not None:
+                    raise self._read_verdict(generation, state)
                 missing = tuple(self.missing(generation))
                 joined = self.world_size - len(missing)
                 raise AttemptFailed(

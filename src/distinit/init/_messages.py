@@ -171,8 +171,11 @@ def foreign_listener(*, master: str, seconds: float, holder: str | None, rank: i
         f"rank {rank}: something is listening on {master}{who} but it is not a torch TCPStore: it did not "
         f"answer the store handshake for {seconds:.0f} s. torch alone would hang here without bound.",
         rank=rank,
-        why="another program (or another job's service) owns MASTER_PORT on the master host.",
-        fix="use another MASTER_PORT, or stop the program listening on it.",
+        why=(
+            "another program (or another job's service) owns MASTER_PORT on the master host; less often, a "
+            "network that loses most packets lets the connection open but never delivers the store's answer."
+        ),
+        fix="use another MASTER_PORT, or stop the program listening on it (check for packet loss if none is).",
         master=master,
     )
 
@@ -186,9 +189,24 @@ def rendezvous_timeout(
     missing: Sequence[int],
     attempts: Sequence[str],
     generation: int | None,
+    blocked: str | None = None,
 ) -> RendezvousTimeoutError:
-    """The deadline passed without a formed group."""
-    if missing:
+    """The deadline passed without a formed group.
+
+    ``blocked`` names the call that was still running at the deadline when the rendezvous thread had to
+    be abandoned (a store or network operation that never returned).
+    """
+    if blocked is not None:
+        head = f"{blocked}: a store or network call never returned"
+        why = (
+            "a store or network call got no answer: the process hosting the store (rank 0, or the torchrun "
+            "agent) is frozen, stopped or swapped out, or packets between the hosts are being lost."
+        )
+        fix = (
+            f"check that the process serving {master} is alive and responsive and that the network between "
+            "the hosts is healthy; then start the job again (this process may hold a half-open connection)."
+        )
+    elif missing:
         head = f"missing ranks {_ranks(missing)} of world size {world_size}"
         why = "those processes never started, crashed, or use another MASTER_ADDR/MASTER_PORT or job id."
         fix = (
@@ -202,7 +220,7 @@ def rendezvous_timeout(
     seen = "; ".join(attempts[-6:])
     return RendezvousTimeoutError(
         f"rank {rank}: rendezvous at {master} did not complete within the {deadline:.0f} s deadline "
-        f"({len(attempts)} attempts): {head}. Attempts: {seen}",
+        f"({len(attempts)} attempt{'' if len(attempts) == 1 else 's'}): {head}. Attempts: {seen}",
         rank=rank,
         why=why,
         fix=fix,

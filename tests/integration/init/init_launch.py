@@ -113,6 +113,7 @@ class NetNs:
 
     def __init__(self, name: str, *, rules: Sequence[str] = ()) -> None:
         self.name = name
+        self.has_table = False
         self.resolv_dir = Path("/etc/netns") / name
         subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
         try:
@@ -123,6 +124,7 @@ class NetNs:
             if rules:
                 self.nft("add table inet distinit")
                 self.nft("add chain inet distinit out { type filter hook output priority 0; }")
+                self.has_table = True
                 for rule in rules:
                     self.nft(f"add rule inet distinit out {rule}")
         except BaseException:
@@ -135,6 +137,33 @@ class NetNs:
     @property
     def prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.name]
+
+    def ip(self, *args: str) -> None:
+        subprocess.run(["ip", "-n", self.name, *args], check=True, timeout=10)
+
+    def link(self, other: NetNs, *, subnet: str = "10.254.0", loss_percent: int = 0) -> tuple[str, str]:
+        """Join this namespace and ``other`` with a veth pair (``<subnet>.1`` here, ``<subnet>.2`` there).
+
+        ``loss_percent`` drops that share of the packets leaving through the link, in both directions: a
+        lossy network *between* two hosts, while each side's own loopback stays clean. Returns the two
+        interface names (this side's, the other side's). The pair goes away with either namespace.
+        """
+        mine, theirs = "dveth0", "dveth1"
+        subprocess.run(
+            ["ip", "link", "add", mine, "netns", self.name, "type", "veth", "peer", "name", theirs, "netns", other.name],
+            check=True,
+            timeout=10,
+        )
+        for ns, ifname, host in ((self, mine, 1), (other, theirs, 2)):
+            ns.ip("addr", "add", f"{subnet}.{host}/24", "dev", ifname)
+            ns.ip("link", "set", ifname, "up")
+            if loss_percent:
+                if not ns.has_table:
+                    ns.nft("add table inet distinit")
+                    ns.nft("add chain inet distinit out { type filter hook output priority 0; }")
+                    ns.has_table = True
+                ns.nft(f'add rule inet distinit out oifname "{ifname}" numgen random mod 100 < {loss_percent} drop')
+        return mine, theirs
 
     def close(self) -> None:
         subprocess.run(["ip", "netns", "del", self.name], check=False, timeout=10)

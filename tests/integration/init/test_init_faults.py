@@ -122,3 +122,30 @@ def test_rank_crashing_mid_join(launcher: Launcher, port: int) -> None:
     assert all(res["ok"] for res in results), results
     # the restart took the dead claim over in place: the world formed in generation 0, no init failure
     assert all(res["report"]["generation"] == 0 for res in results)
+
+
+@pytest.mark.timeout(60)
+def test_frozen_master_mid_join_still_ends_at_the_deadline(launcher: Launcher, port: int) -> None:
+    """A store host that stops answering (SIGSTOP: TCP stays up, nothing replies) must not stall a worker
+    past its deadline: torch's store client has no receive timeout, so only distinit's own bound ends it."""
+    import os
+    import signal
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    kwargs = {"deadline": 8, "attempt_timeout": 30}
+    master = launcher.start(0, 3, port, kwargs=kwargs)
+    worker = launcher.start(1, 3, port, kwargs=kwargs)
+    probe = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=20))
+    probe.wait(["distinit/job/0/c1/g0/claim/1"], timedelta(seconds=20))  # rank 1 joined and waits for rank 2
+    del probe
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    try:
+        res = worker.result(30)
+    finally:
+        os.kill(master.proc.pid, signal.SIGCONT)
+    assert res["error"] == "RendezvousTimeoutError", res
+    assert res["elapsed"] < 8 + 4, res["elapsed"]
+    assert "rank 1: rendezvous at" in res["message"] and "never returned" in res["message"], res["message"]
+    print(res["message"])

@@ -54,6 +54,23 @@ def test_rendezvous_timeout_lists_missing_ranks_and_attempts() -> None:
     assert "missing ranks [2, 3] of world size 4" in exc.what
 
 
+def test_rendezvous_timeout_for_a_blocked_call_says_what_never_returned() -> None:
+    exc = _messages.rendezvous_timeout(
+        rank=1,
+        world_size=2,
+        master="h:1",
+        deadline=8,
+        missing=[],
+        attempts=["#1 join 10.0 s: blocked, abandoned"],
+        generation=0,
+        blocked="attempt 1 blocked in join for 10.0 s",
+    )
+    assert isinstance(exc, RendezvousTimeoutError)
+    assert "(1 attempt)" in exc.what
+    assert "attempt 1 blocked in join for 10.0 s: a store or network call never returned" in exc.what
+    assert "frozen" in exc.why and "h:1" in exc.fix
+
+
 @pytest.mark.parametrize(
     ("exc", "cls", "needle"),
     [
