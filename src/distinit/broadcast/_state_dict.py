@@ -288,6 +288,10 @@ class _Staged:
             self._views[key] = views
         return views
 
+    def drop_buffers(self) -> None:
+        """Forget the staging buffers and their views (the next call allocates new ones)."""
+        self._buffers, self._views = {}, {}
+
     def fresh(self) -> _Staged:
         """A copy without buffers (used when another thread holds this one)."""
         other = _Staged.__new__(_Staged)
@@ -334,7 +338,7 @@ def _staged(lay: Layout, tensors: Sequence[torch.Tensor], bucket_bytes: int) -> 
     for plan in reversed(_PLANS.values()):  # newest first: older plans give their buffers back
         kept += plan.staged_bytes
         if kept > _STAGING_BUDGET and plan._buffers:
-            plan._buffers, plan._views = {}, {}
+            plan.drop_buffers()
     if staged.staged_bytes > _STAGING_BUDGET:
         return staged.fresh()
     return staged
@@ -349,6 +353,10 @@ def _transfer(ctx: CallContext, call: str, src: int, staged: _Staged, tensors: l
             transfer.send(tensors)
         else:
             transfer.receive(tensors)
+    except BaseException:
+        # A failed collective may still be writing into these buffers: never hand them to a later call.
+        plan.drop_buffers()
+        raise
     finally:
         if plan is staged:
             staged.lock.release()

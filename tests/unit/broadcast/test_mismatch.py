@@ -9,7 +9,7 @@ import torch
 from distinit.broadcast import _header
 from distinit.broadcast._dtypes import dtype_code
 from distinit.broadcast._header import OP_OBJECT, OP_STATE_DICT, OP_TENSOR, View, fixed_words
-from distinit.broadcast._mismatch import NOT_A_TENSOR, SRC_PASSED_NONE, judge, ranks_phrase
+from distinit.broadcast._mismatch import NOT_A_TENSOR, SRC_PASSED_NONE, agreed, judge, ranks_phrase
 from distinit.errors import BroadcastMismatchError
 
 F32, I32 = dtype_code(torch.float32), dtype_code(torch.int32)
@@ -55,6 +55,36 @@ def test_judge_tensor(views: list[View], field: str | None, ranks: tuple[int, ..
     assert verdict is not None
     assert verdict.field == field
     assert verdict.ranks == ranks
+
+
+OTHER_OPS = [
+    pytest.param([view(op=OP_OBJECT, fingerprint=7)] * 3, OP_OBJECT, None, id="object-ok"),
+    pytest.param([view(op=OP_OBJECT, fingerprint=7), view(op=OP_OBJECT, fingerprint=8)], OP_OBJECT, "schema",
+                 id="object-schema"),
+    pytest.param([view(op=OP_STATE_DICT, has_buffer=True, fingerprint=1), view(op=OP_STATE_DICT, fingerprint=0)],
+                 OP_STATE_DICT, None, id="state-dict-receiver-without-one"),
+    pytest.param([view(op=OP_STATE_DICT, has_buffer=True, fingerprint=1),
+                  view(op=OP_STATE_DICT, has_buffer=True, fingerprint=2)], OP_STATE_DICT, "keys", id="state-dict-keys"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("views", "field", "ranks"), ROWS)
+def test_fast_path_agrees_with_the_full_verdict(views: list[View], field: str | None, ranks: tuple[int, ...]) -> None:
+    # `agreed` lets the happy path skip the full verdict: it must never pass a call the verdict would stop.
+    assert agreed(views, OP_TENSOR) == (field is None)
+
+
+@pytest.mark.parametrize(("views", "op", "field"), OTHER_OPS)
+def test_fast_path_agrees_for_objects_and_state_dicts(views: list[View], op: int, field: str | None) -> None:
+    assert agreed(views, op) == (field is None)
+    verdict = judge(views, my_op=op, seq=12)
+    assert (verdict.field if verdict is not None else None) == field
+
+
+def test_fast_path_rejects_garbage() -> None:
+    garbage = View.from_words([7] * _header.FIXED_WORDS)
+    assert not agreed([sender(), garbage], OP_TENSOR)
+    assert not agreed([garbage, garbage], OP_TENSOR)
 
 
 def test_protocol_garbage_is_a_verdict_not_a_crash() -> None:
