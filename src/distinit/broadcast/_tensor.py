@@ -12,7 +12,6 @@ from distinit.broadcast import _header, _mismatch
 from distinit.broadcast._dtypes import DTYPE_OF_CODE, describe, device_type_code, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._transport import (
-    as_bytes,
     broadcast_bytes,
     copy_back,
     receive_view,
@@ -93,8 +92,7 @@ def broadcast_tensor(
         nbytes = usable.nbytes
         dev = usable.device
         if is_src and nbytes <= _header.INLINE_BYTES:
-            on_cpu = dev.type == "cpu" and usable.is_contiguous()
-            inline = as_bytes(usable.detach() if on_cpu else usable.detach().to("cpu").contiguous())
+            inline = usable  # its raw bytes ride in the header row (staged through CPU when needed)
         words = _header.fixed_words(
             seq=ctx.seq, op=_header.OP_TENSOR, src=src, has_buffer=True, status=status,
             dtype=dtype_code(usable.dtype), device=device_type_code(dev), shape=usable.shape, nbytes=nbytes,
@@ -143,7 +141,8 @@ def broadcast_tensor(
             )
         out = torch.empty(sv.shape, dtype=dtype, device=_receiver_device(device, sv.device, ctx))
     if sv.inline != _header.NOT_INLINE:
-        copy_back(out, exchanged.inline_payload(src))  # copy_ moves it to out's device
+        if not exchanged.copy_inline_into(src, out):
+            copy_back(out, exchanged.inline_payload(src))  # copy_ moves it to out's device
         return out
     buf, staged = receive_view(out, ctx.comm_device)
     wait_or_raise(broadcast_bytes(buf, src, ctx), ctx, CALL, src, "payload broadcast")
