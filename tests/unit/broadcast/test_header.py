@@ -1,5 +1,7 @@
 import pytest
+import torch
 
+from distinit.broadcast import _header
 from distinit.broadcast._header import (
     FIXED_WORDS,
     HEADER_WORDS,
@@ -54,3 +56,19 @@ def test_sequence_counter_is_per_group() -> None:
 
     counter, a, b = SequenceCounter(), Group(), Group()
     assert [counter.next(a), counter.next(a), counter.next(b)] == [1, 2, 1]
+
+
+def test_inline_payload_lands_bit_exactly_and_autograd_sees_the_write() -> None:
+    payload = torch.tensor([1.5, -0.0, float("nan")], dtype=torch.float32)
+    raw = bytearray(_header.HEADER_BYTES)
+    _header._FIXED.pack_into(raw, 0, *fixed_words(seq=1, op=1, src=0, inline=payload.nbytes))
+    raw[_header.FIXED_BYTES : _header.FIXED_BYTES + payload.nbytes] = payload.numpy().tobytes()
+    exchanged = _header.Exchange(raw, 1)
+    out = torch.zeros(3, requires_grad=True)
+    version = out._version
+    assert exchanged.copy_inline_into(0, out)
+    assert out._version > version
+    assert torch.equal(out.detach().view(torch.int32), payload.view(torch.int32))
+    assert exchanged.inline_bytes(0) == payload.numpy().tobytes()
+    assert not exchanged.copy_inline_into(0, torch.zeros(6)[::2])  # non-contiguous: the caller copies with torch
+    assert not exchanged.copy_inline_into(0, torch.zeros(4))  # another size: never a partial write
