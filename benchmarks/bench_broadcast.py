@@ -9,7 +9,8 @@ repetitions of the slowest rank):
   (250 MiB buckets, as DDP) vs one pre-allocated flat broadcast of the same bytes; plus a sweep of
   our bucket / in-place thresholds, from which the defaults in ``_plan.py`` were chosen;
 - a ~1 KB typed config: ``broadcast_object`` vs ``broadcast_object_list`` (pickle);
-- ``broadcast_tensor`` vs raw ``broadcast`` at 1 KB and 64 MB;
+- ``broadcast_tensor`` vs raw ``broadcast`` at 1 KB and 64 MB (plus, at 1 KB, the header rows'
+  all-to-all alone: the collective floor of the check);
 - the header check alone vs the per-call cost of ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (a DETAIL-wrapped
   group over the same ranks, measured in the same rounds).
 
@@ -148,6 +149,17 @@ def _module_cases(rank: int, name: str, model: torch.nn.Module, reps: int, sweep
         "distinit broadcast_module": lambda: broadcast_module(model),
         "torch _broadcast_coalesced (250 MiB)": lambda: dist._broadcast_coalesced(pg, tensors, 250 * MIB, 0),
     }
+    if name == "B":  # what any packing method pays on top of the flat broadcast (no collective)
+        views = [v.view(t.shape) for v, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)]
+
+        def copies(buf: torch.Tensor = flat) -> None:
+            with torch.no_grad():
+                if rank == 0:
+                    torch.cat(tensors, out=buf)  # pack (all 1-d here)
+                else:
+                    torch._foreach_copy_(tensors, views)  # unpack
+
+        fns["  floor: the pack (src) / unpack (receivers) copies alone"] = copies
     if sweep:  # bucket bytes, in-place threshold, collectives in flight; the default is 4 MiB, 1 MiB, 4
         variants = {
             "all in place (no packing)": (1, 1, 2),
@@ -200,13 +212,22 @@ def _small_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
             warmup=10,
         )
     )
+    world = dist.get_world_size()
+    rows_in = torch.zeros(world * _header.HEADER_WORDS, dtype=torch.int64)
+    rows_out = torch.empty_like(rows_in)
     for label, numel in (("1 KB", 256), ("64 MB", 16 * MIB)):
         src_t = torch.randn(numel)
         buf = torch.empty(numel)
         big = numel >= MIB
+        floor: dict[str, Callable[[], Any]] = {}
+        if not big:  # the collective floor of our check: the header rows' all-to-all, no Python around it
+            floor[f"tensor {label}: floor, the header all-to-all alone"] = lambda: dist.all_to_all_single(
+                rows_out, rows_in
+            )
         out.update(
             compare(
                 {
+                    **floor,
                     f"tensor {label}: torch broadcast into a pre-allocated buffer": lambda s=src_t, b=buf: (
                         dist.broadcast(s if rank == 0 else b, 0)
                     ),
@@ -243,7 +264,7 @@ def _small_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
     out.update(
         compare(
             {
-                "header check alone (all_gather + verdict)": header_only,
+                "header check alone (all-to-all + verdict)": header_only,
                 "tensor 1 KB: torch broadcast (same rounds as DETAIL)": lambda: dist.broadcast(small_t, 0),
                 "tensor 1 KB: torch broadcast under DETAIL": lambda: dist.broadcast(small_t, 0, group=detail_group),
             },
@@ -381,7 +402,11 @@ def render(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> str:
             small["tensor 1 KB: torch broadcast under DETAIL"]
             - small["tensor 1 KB: torch broadcast (same rounds as DETAIL)"]
         )
-        header = small["header check alone (all_gather + verdict)"]
+        header = small["header check alone (all-to-all + verdict)"]
+        floor = (
+            small["tensor 1 KB: floor, the header all-to-all alone"]
+            / small["tensor 1 KB: torch broadcast into a pre-allocated buffer"]
+        )
         lines.append("")
         lines.append(f"- config ({int(small['config JSON bytes'])} B JSON): broadcast_object / broadcast_object_list = "
                      f"{obj:.2f}x (target <= 0.7x: {'met' if obj <= 0.7 else 'MISSED'})")  # fmt: skip
@@ -392,6 +417,9 @@ def render(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> str:
                 f"- broadcast_tensor / broadcast at {size} = {buffered:.2f}x with receiver buffers on both sides "
                 f"(target <= {limit}x: {verdict}); {allocated:.2f}x when receivers pass None vs torch.empty + broadcast"
             )
+        lines.append(
+            f"- floor at 1 KB: the header rows' all-to-all alone (no Python) = {floor:.2f}x a raw 1 KB broadcast"
+        )
         lines.append(
             f"- header check {_ms(header)} vs DETAIL's added per-call cost {_ms(detail_cost)} = "
             f"{header / detail_cost:.2f} (target <= 0.2: {'met' if header <= 0.2 * detail_cost else 'MISSED'})\n"
