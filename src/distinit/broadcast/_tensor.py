@@ -59,7 +59,7 @@ def broadcast_tensor(
 ) -> torch.Tensor:
     """Broadcast a tensor from group rank ``src``, checked on every rank first.
 
-    One all_gather of a small int64 header lets every rank compare src, dtype, shape and device
+    One all-to-all of a small int64 header lets every rank compare src, dtype, shape and device
     type with every other rank before any payload moves; tensors up to 4 KiB travel inside that
     same collective. Payloads travel as uint8 views, so every dtype works on gloo (bool, bfloat16,
     float8, int16, uint16/32/64, complex).
