@@ -241,6 +241,7 @@ class _Rendezvous:
             left = end - time.monotonic()
             if left <= 0:
                 raise failure or AttemptFailed("refused", f"nothing listened on {self.master} within the attempt")
+            probed_at = time.monotonic()
             seen = probe(self.addr, self.port, min(PROBE_TIMEOUT, left), handshake_timeout=min(HANDSHAKE_TIMEOUT, left))
             logger.debug("rank %d: probe of %s: %s (%s)", self.rank, self.master, seen.kind, seen.detail)
             if seen.kind == "tcpstore":
@@ -251,7 +252,7 @@ class _Rendezvous:
                 return
             kind: FailureKind = "store" if seen.kind == "error" else seen.kind
             failure = AttemptFailed(kind, f"{self.master}: {seen.detail}")
-            self._escalate(failure)
+            self._escalate(failure, since=probed_at)
             left = end - time.monotonic()
             if left <= 0:
                 raise failure
@@ -342,11 +343,15 @@ class _Rendezvous:
             self.counter_resets += 1
 
     # escalation and records -----------------------------------------------------------------------
-    def _escalate(self, failure: AttemptFailed) -> None:
-        """Turn a failure that persisted past its grace period into the specific error."""
+    def _escalate(self, failure: AttemptFailed, *, since: float | None = None) -> None:
+        """Turn a failure that persisted past its grace period into the specific error.
+
+        ``since``: when the observation that failed began (a probe that waited 3 s for a handshake saw the
+        failure from its start), so that the grace counts from the first sign of it.
+        """
         now = time.monotonic()
         if self._streak is None or self._streak[0] != failure.kind:
-            self._streak = (failure.kind, now)
+            self._streak = (failure.kind, now if since is None else since)
         lasted = now - self._streak[1]
         if failure.kind == "dns" and lasted >= DNS_GRACE:
             raise self._specific(failure, lasted)
@@ -445,7 +450,10 @@ class _Rendezvous:
         lasted = time.monotonic() - self.start
         if last.kind in ("dns", "unreachable", "timeout", "foreign", "port_busy"):
             raise self._specific(last, lasted) from last
-        missing = last.missing_ranks or ((0,) if last.kind == "refused" else ())
+        # The last attempt may have failed before it could count (e.g. the store host reached its own
+        # deadline first and went away): name who was missing when last seen.
+        seen = next((r.missing_ranks for r in reversed(self.records) if r.missing_ranks), ())
+        missing = last.missing_ranks or seen or ((0,) if last.kind == "refused" else ())
         raise _messages.rendezvous_timeout(
             rank=self.rank,
             world_size=self.world_size,
