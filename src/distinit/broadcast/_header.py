@@ -83,13 +83,12 @@ class View:
     @classmethod
     def from_words(cls, words: Sequence[int]) -> View:
         """Decode the first :data:`FIXED_WORDS` words of a row (garbage-tolerant: never raises)."""
-        ndim = int(words[W_NDIM])
-        dims = tuple(int(d) for d in words[W_SHAPE : W_SHAPE + max(0, min(ndim, MAX_NDIM))])
-        w = [int(x) for x in words[:FIXED_WORDS]]
+        w = words if type(words) is tuple else tuple(int(x) for x in words[:FIXED_WORDS])
+        ndim = w[W_NDIM]
         # Positional, in field order: the hot path of every call.
         return cls(w[W_MAGIC], w[W_SEQ], w[W_OP], w[W_SRC], bool(w[W_HAS_BUFFER]), w[W_STATUS], w[W_DTYPE],
-                   w[W_DEVICE], ndim, dims, w[W_NBYTES], w[W_FINGERPRINT], w[W_COUNT], w[W_AUX_NBYTES],
-                   w[W_INLINE], w[W_GLOBAL_RANK])  # fmt: skip
+                   w[W_DEVICE], ndim, w[W_SHAPE : W_SHAPE + max(0, min(ndim, MAX_NDIM))], w[W_NBYTES],
+                   w[W_FINGERPRINT], w[W_COUNT], w[W_AUX_NBYTES], w[W_INLINE], w[W_GLOBAL_RANK])  # fmt: skip
 
 
 def fixed_words(
@@ -158,11 +157,8 @@ class Exchange:
 
     def __init__(self, raw: bytearray, group_size: int) -> None:
         self.raw = raw  # group_size rows of HEADER_BYTES, native int64 words
-        words = memoryview(raw).cast("q")
-        self.views = [
-            View.from_words(words[r * HEADER_WORDS : r * HEADER_WORDS + FIXED_WORDS].tolist())
-            for r in range(group_size)
-        ]
+        unpack, from_words = _FIXED.unpack_from, View.from_words
+        self.views = [from_words(unpack(raw, r * HEADER_BYTES)) for r in range(group_size)]
 
     def _span(self, rank: int) -> tuple[int, int]:
         length = max(0, min(self.views[rank].inline, INLINE_BYTES))
