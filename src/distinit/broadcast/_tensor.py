@@ -39,14 +39,18 @@ def _status_of(tensor: object, is_src: bool) -> int:
     return _mismatch.OK
 
 
+_CUDA_CODE = device_type_code(torch.device("cuda"))
+_CPU = torch.device("cpu")
+
+
 def _receiver_device(device: torch.device | str | None, src_device_code: int, ctx: CallContext) -> torch.device:
     if device is not None:
         return torch.device(device)
-    if src_device_code == device_type_code(torch.device("cuda")) and torch.cuda.is_available():
+    if src_device_code == _CUDA_CODE and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     if ctx.comm_device.type == "cuda":
         return ctx.comm_device
-    return torch.device("cpu")
+    return _CPU
 
 
 def broadcast_tensor(
