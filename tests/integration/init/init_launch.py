@@ -150,7 +150,21 @@ class NetNs:
         """
         mine, theirs = "dveth0", "dveth1"
         subprocess.run(
-            ["ip", "link", "add", mine, "netns", self.name, "type", "veth", "peer", "name", theirs, "netns", other.name],
+            [
+                "ip",
+                "link",
+                "add",
+                mine,
+                "netns",
+                self.name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                theirs,
+                "netns",
+                other.name,
+            ],
             check=True,
             timeout=10,
         )
