@@ -85,9 +85,31 @@ def _reset_group_counter() -> bool:
 
 
 class _Process:
-    """Process-wide count of rendezvous calls (each gets a fresh store namespace)."""
+    """Process-wide state of rendezvous calls.
+
+    ``calls`` counts them (each gets a fresh store namespace); ``abandoned`` is the rendezvous thread given
+    up at a deadline while still blocked, if any, and what it is blocked in.
+    """
 
     calls = 0
+    abandoned: tuple[threading.Thread, str] | None = None
+
+
+def _check_no_abandoned(rank: int) -> None:
+    """Refuse a new rendezvous while an abandoned one is still blocked in this process."""
+    if _Process.abandoned is None:
+        return
+    thread, what = _Process.abandoned
+    if not thread.is_alive():
+        _Process.abandoned = None
+        return
+    raise RendezvousError(
+        f"rank {rank}: an earlier rendezvous of this process is still blocked ({what}); a new one would race it",
+        rank=rank,
+        why="the earlier init_with_retry() raised RendezvousTimeoutError while a store or network call was stuck "
+        "in native code, which nothing can interrupt.",
+        fix="exit and restart the process (let the launcher restart it) instead of retrying in it.",
+    )
 
 
 class _Rendezvous:
@@ -141,6 +163,7 @@ class _Rendezvous:
         self._lock = threading.Lock()
         self._abandoned = False
         self._formed = False
+        self.blocked = ""  # what the thread was blocked in when abandoned
 
     # the attempt ----------------------------------------------------------------------------------
     def attempt(self, number: int) -> None:
@@ -493,6 +516,7 @@ class _Rendezvous:
             blocked = f"the pause after attempt {number} blocked on the store for {now - begun:.1f} s"
         else:
             blocked = f"attempt {number} blocked in {phase} for {now - begun:.1f} s"
+        self.blocked = f"{blocked} at {self.master}"
         error = _messages.rendezvous_timeout(
             rank=self.rank,
             world_size=self.world_size,
@@ -561,6 +585,7 @@ class _Rendezvous:
             if error is None:
                 thread.join()  # formed just now: only the bookkeeping is left
             elif not outcome:  # (else it ended on its own verdict just now: raise that one)
+                _Process.abandoned = (thread, self.blocked)
                 raise error
         if outcome:
             raise outcome[0]
@@ -635,6 +660,7 @@ def init_with_retry(
     world = env if env is not None else env_from_scheduler()
     chosen = _choose_backend(backend, world, device_id)
     _preflight.check_world(rank=world.rank, world_size=world.world_size)
+    _check_no_abandoned(world.rank)
     if _preflight.check_existing(backend=chosen, rank=world.rank, world_size=world.world_size):
         return InitReport(
             backend=chosen,

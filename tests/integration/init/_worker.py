@@ -4,7 +4,8 @@ Usage: ``python _worker.py SPEC_JSON OUT_PATH``. SPEC keys: ``kwargs`` (for init
 as a dict), ``start_after`` (seconds; the late start IS the scenario), ``mode`` (``normal``,
 ``die_in_init``: exit in place of init_process_group, simulating a crash after joining),
 ``after_file`` (wait for this file, a peer's "calling now" mark, before ``start_after``),
-``hold`` (seconds to keep the group alive after success).
+``hold`` (seconds to keep the group alive after success), ``call_again`` (after a failure, call
+``init_with_retry`` once more in the same process and record the outcome as ``again``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ def main() -> None:
             claimants=list(getattr(exc, "claimants", ())),
         )
     result["elapsed"] = time.monotonic() - started
+    if spec.get("call_again") and not result.get("ok"):  # a second call in the same process, at once
+        try:
+            init_with_retry(**kwargs)
+            result["again"] = "ok"
+        except distinit.DistinitError as exc:
+            result["again"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     result["t_end"] = time.time()  # wall clock, for bounds measured from the launch
     with open(out + ".tmp", "w") as fh:
         json.dump(result, fh)

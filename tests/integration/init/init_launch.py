@@ -69,11 +69,18 @@ class Launcher:
         prefix: Sequence[str] = (),
         name: str | None = None,
         after: Rank | None = None,
+        call_again: bool = False,
     ) -> Rank:
         name = name or f"rank{rank}-{len(self.ranks)}"
         out = self.tmp_path / f"{name}.json"
         log = self.tmp_path / f"{name}.log"
-        spec = {"kwargs": kwargs or {}, "start_after": start_after, "mode": mode, "hold": hold}
+        spec = {
+            "kwargs": kwargs or {},
+            "start_after": start_after,
+            "mode": mode,
+            "hold": hold,
+            "call_again": call_again,
+        }
         if after is not None:  # start_after counts from the moment `after` calls init_with_retry
             spec["after_file"] = str(after.out) + ".started"
         environ = {

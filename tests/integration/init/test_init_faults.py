@@ -136,7 +136,7 @@ def test_frozen_master_mid_join_still_ends_at_the_deadline(launcher: Launcher, p
 
     kwargs = {"deadline": 8, "attempt_timeout": 30}
     master = launcher.start(0, 3, port, kwargs=kwargs)
-    worker = launcher.start(1, 3, port, kwargs=kwargs)
+    worker = launcher.start(1, 3, port, kwargs=kwargs, call_again=True)
     probe = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=20))
     probe.wait(["distinit/job/0/c1/g0/claim/1"], timedelta(seconds=20))  # rank 1 joined and waits for rank 2
     del probe
@@ -148,4 +148,6 @@ def test_frozen_master_mid_join_still_ends_at_the_deadline(launcher: Launcher, p
     assert res["error"] == "RendezvousTimeoutError", res
     assert res["elapsed"] < 8 + 4, res["elapsed"]
     assert "rank 1: rendezvous at" in res["message"] and "never returned" in res["message"], res["message"]
-    print(res["message"])
+    # Retrying in the same process would race the abandoned, still blocked thread: refused at once.
+    assert res["again"].startswith("RendezvousError: rank 1: an earlier rendezvous of this process is still blocked")
+    assert "attempt 1 blocked in join" in res["again"]
