@@ -177,7 +177,8 @@ class Exchange:
         Returns False, copying nothing, for any other ``out`` (the caller copies with torch).
         """
         start, length = self._span(rank)
-        if _bump_version is None or not (out.is_cpu and out.is_contiguous() and out.nbytes == length):
+        plain = out.is_cpu and out.is_contiguous() and not (out.is_conj() or out.is_neg())
+        if _bump_version is None or not plain or out.nbytes != length:
             return False
         if length:
             ctypes.memmove(out.data_ptr(), _address(self.raw) + start, length)
@@ -216,8 +217,8 @@ def exchange(
     send = bytearray(total)
     _FIXED.pack_into(send, 0, *words)
     if isinstance(inline, torch.Tensor):
-        if not (inline.is_cpu and inline.is_contiguous()):
-            inline = inline.detach().to("cpu").contiguous()
+        if not (inline.is_cpu and inline.is_contiguous()) or inline.is_conj() or inline.is_neg():
+            inline = inline.detach().resolve_conj().resolve_neg().to("cpu").contiguous()
         if inline.nbytes:
             ctypes.memmove(_address(send) + FIXED_BYTES, inline.data_ptr(), inline.nbytes)
     elif inline:

@@ -31,6 +31,7 @@ from distinit.broadcast._transport import (
     as_bytes,
     broadcast_bytes,
     copy_back,
+    is_lazy,
     timeout_error,
     wait_or_raise,
 )
@@ -186,8 +187,8 @@ class _Transfer:
             for index, step in enumerate(plan.steps):
                 if step.direct:
                     flat = tensors[step.indices[0]].reshape(-1)
-                    if flat.device != device:
-                        flat = flat.to(device)
+                    if flat.device != device or is_lazy(flat):
+                        flat = flat.resolve_conj().resolve_neg().to(device)
                 else:
                     flat = plan.buffer(index, device)
                     _pack([tensors[i] for i in step.indices], flat, plan, index)
@@ -201,7 +202,7 @@ class _Transfer:
             for index, step in enumerate(plan.steps):
                 if step.direct:
                     target = targets[step.indices[0]]
-                    if target.device == device and target.is_contiguous():
+                    if target.device == device and target.is_contiguous() and not is_lazy(target):
                         self._push(broadcast_bytes(as_bytes(target), self.src, self.ctx), None)
                         continue
                     buf = torch.empty(step.nbytes, dtype=torch.uint8, device=device)

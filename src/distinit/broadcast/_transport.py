@@ -23,14 +23,19 @@ def wire_view(tensor: torch.Tensor, comm_device: torch.device) -> tuple[torch.Te
     In place (zero copy) when the tensor is contiguous and already on ``comm_device``; otherwise a
     contiguous copy there (gloo with CUDA tensors, non-contiguous tensors).
     """
-    if tensor.device == comm_device and tensor.is_contiguous():
+    if tensor.device == comm_device and tensor.is_contiguous() and not is_lazy(tensor):
         return as_bytes(tensor), False
-    return as_bytes(tensor.detach().to(comm_device).contiguous()), True
+    return as_bytes(tensor.detach().resolve_conj().resolve_neg().to(comm_device).contiguous()), True
+
+
+def is_lazy(tensor: torch.Tensor) -> bool:
+    """A conjugate or negative view: its memory holds other values than it reads as."""
+    return tensor.is_conj() or tensor.is_neg()
 
 
 def receive_view(out: torch.Tensor, comm_device: torch.device) -> tuple[torch.Tensor, bool]:
     """The uint8 tensor to receive into for ``out``, and whether it must be copied back afterwards."""
-    if out.device == comm_device and out.is_contiguous():
+    if out.device == comm_device and out.is_contiguous() and not is_lazy(out):
         return as_bytes(out), False
     nbytes = out.numel() * out.element_size()
     return torch.empty(nbytes, dtype=torch.uint8, device=comm_device), True
@@ -39,9 +44,9 @@ def receive_view(out: torch.Tensor, comm_device: torch.device) -> tuple[torch.Te
 def copy_back(out: torch.Tensor, staged: torch.Tensor) -> None:
     """Copy received bytes from a staging buffer into ``out`` (any device, any layout)."""
     with torch.no_grad():
-        if out.is_contiguous():
+        if out.is_contiguous() and not is_lazy(out):
             as_bytes(out).copy_(staged)  # a byte copy: bit-exact for every dtype, even odd bool bytes
-        else:
+        else:  # non-contiguous, or a conjugate/negative view: copy values, which torch maps through the view
             out.copy_(staged.view(out.dtype).view(out.shape))
 
 

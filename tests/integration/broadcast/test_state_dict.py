@@ -53,6 +53,13 @@ def state_dict_round_trips() -> list[str]:
     small = {"a": torch.ones(2)}
     if not _same(broadcast_state_dict(small if rank == 0 else None), small):
         failures.append("inline metadata")
+    # Conjugate / negative views (in place >= 1 MiB, and packed): values arrive, never their raw memory.
+    values = {"big": torch.arange(200_000.0).to(torch.complex64) * (1 + 2j), "small": torch.ones(3) * (2 - 1j)}
+    expected = {k: v.conj().resolve_conj() for k, v in values.items()}
+    views = {k: (v.clone() if rank == 0 else torch.zeros_like(v)).conj() for k, v in values.items()}
+    got = broadcast_state_dict(views)
+    if not all(torch.equal(got[k], expected[k]) and torch.equal(views[k], expected[k]) for k in values):
+        failures.append("conjugate views")
     return failures
 
 

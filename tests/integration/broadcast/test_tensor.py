@@ -52,6 +52,17 @@ def round_trip_every_dtype() -> list[str]:
     got = broadcast_tensor(noncontig)
     if not torch.equal(got, torch.arange(24.0).reshape(6, 4).t()):
         failures.append("non-contiguous buffer")
+    # Conjugate and negative views read other values than their memory holds: values must arrive, not raw bytes.
+    for numel in (3, 3000):  # inline in the header, and through the payload broadcast
+        values = torch.arange(numel, dtype=torch.float32).to(torch.complex64) * (1 + 2j)
+        for make in (lambda t: t.conj(), lambda t: t.conj().imag):
+            expected = make(values).resolve_conj().resolve_neg()
+            sent = make(values.clone()) if rank == 0 else None
+            got = broadcast_tensor(sent)
+            buffer = make(torch.zeros_like(values)) if rank else make(values.clone())
+            filled = broadcast_tensor(buffer)
+            if not (torch.equal(got.resolve_conj().resolve_neg(), expected) and torch.equal(filled, expected)):
+                failures.append(f"conjugate/negative view of {numel} elements")
     return failures
 
 
