@@ -206,15 +206,17 @@ def exchange(
 
     ``inline``: bytes, or a tensor whose raw bytes (``nbytes`` of them, any dtype) are sent.
 
-    One ``all_to_all_single`` of ``group_size`` copies of the row: rank ``r``'s row lands in row
-    ``r`` of every rank's table. Every buffer has the fixed size ``group_size * HEADER_BYTES``.
+    On CPU (gloo), one ``all_to_all_single`` of ``group_size`` copies of the row; on CUDA (NCCL), one
+    all_gather of the row (see :func:`_gathers`). Either way rank ``r``'s row lands in row ``r`` of
+    every rank's table, and every buffer's size follows from the group size alone.
     Rows are built in a ``bytearray`` (no per-word torch ops: this is the hot path of a small call).
 
     Raises:
         CollectiveFailed: the exchange timed out or a peer failed.
     """
     total = group_size * HEADER_BYTES
-    send = bytearray(total)
+    gather = _gathers(device)
+    send = bytearray(HEADER_BYTES if gather else total)
     _FIXED.pack_into(send, 0, *words)
     if isinstance(inline, torch.Tensor):
         if not (inline.is_cpu and inline.is_contiguous()) or inline.is_conj() or inline.is_neg():
@@ -223,20 +225,38 @@ def exchange(
             ctypes.memmove(_address(send) + FIXED_BYTES, inline.data_ptr(), inline.nbytes)
     elif inline:
         send[FIXED_BYTES : FIXED_BYTES + len(inline)] = inline
+    recv = bytearray(total)
+    recv_t = torch.frombuffer(recv, dtype=torch.int64)
+    if gather:
+        # One row in, the same table out, without opening a connection to every peer.
+        row = torch.frombuffer(send, dtype=torch.int64)
+        out = recv_t if device.type == "cpu" else torch.empty(total // 8, dtype=torch.int64, device=device)
+        wait(_all_gather_single(out, row.to(device), group), timeout)
+        if out is not recv_t:
+            recv_t.copy_(out)
+        return Exchange(recv, group_size)
     view = memoryview(send)
     for r in range(1, group_size):
         view[r * HEADER_BYTES : (r + 1) * HEADER_BYTES] = view[:HEADER_BYTES]
     del view  # a live memoryview would pin the bytearray's size
-    recv = bytearray(total)
-    send_t = torch.frombuffer(send, dtype=torch.int64)
-    recv_t = torch.frombuffer(recv, dtype=torch.int64)
-    if device.type == "cpu":
-        wait(_all_to_all(recv_t, send_t, group), timeout)
-    else:
-        out = torch.empty(total // 8, dtype=torch.int64, device=device)
-        wait(_all_to_all(out, send_t.to(device), group), timeout)
-        recv_t.copy_(out)
+    wait(_all_to_all(recv_t, torch.frombuffer(send, dtype=torch.int64), group), timeout)
     return Exchange(recv, group_size)
+
+
+#: Exchange header rows with an all_gather on CPU (gloo) too. Off: gloo's all-to-all is 2-4x cheaper at small
+#: worlds (docs/broadcast.md, "Why the header is an all-to-all"). Tests turn it on to run the gather path.
+ALL_GATHER_ON_CPU = False
+
+
+def _gathers(device: torch.device) -> bool:
+    """Whether the header rows travel by all_gather (a ring) rather than all-to-all.
+
+    Every rank of a group decides alike: the communication device follows from the group's backend.
+    On CUDA (NCCL) an all-to-all would open point-to-point connections, with their buffers, to every
+    peer of the group on the first call, which grows with the world; the ring all_gather NCCL uses
+    for everything else needs none. On CPU (gloo) all-to-all measured fastest.
+    """
+    return device.type != "cpu" or ALL_GATHER_ON_CPU
 
 
 def _address(buf: bytearray) -> int:

@@ -136,6 +136,42 @@ def test_mismatch_matrix_raises_the_same_error_on_every_rank(dist_world: DistWor
     assert all(seen[-1][:2] == ("after", "ok") for seen in per_rank)
 
 
+def mismatch_matrix_by_all_gather() -> list[tuple[str, str, str, tuple[int, ...], float]]:
+    from distinit.broadcast import _header
+
+    _header.ALL_GATHER_ON_CPU = True  # the exchange NCCL uses, run here on gloo
+    try:
+        return mismatch_matrix() + [(f"dtype {d}", *round_trip_one(d)) for d in (torch.bfloat16, torch.uint64)]
+    finally:
+        _header.ALL_GATHER_ON_CPU = False  # in case the rank process is reused
+
+
+def round_trip_one(dtype: torch.dtype) -> tuple[str, str, tuple[int, ...], float]:
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_tensor
+
+    ok = True
+    for shape in SHAPES:
+        sent = _reference(dtype, shape)
+        got = broadcast_tensor(sent if dist.get_rank() == 0 else None)
+        ok = ok and got.dtype == dtype and got.shape == sent.shape and _same_bytes(got, sent)
+    return ("ok" if ok else "corrupt", "", (), 0.0)
+
+
+@pytest.mark.timeout(60)
+def test_the_all_gather_exchange_gives_the_same_verdicts_and_bytes(dist_world: DistWorld) -> None:
+    """The header exchange NCCL uses (one all_gather of the row) forced on gloo: same matrix, same bytes."""
+    per_rank = dist_world(mismatch_matrix_by_all_gather, world_size=3, timeout=45)
+    for index, case in enumerate(EXPECTED_FIELD):
+        rows = [seen[index] for seen in per_rank]
+        assert {row[1] for row in rows} == {EXPECTED_FIELD[case]}, (case, rows[0][2])
+        assert len({row[2] for row in rows}) == 1, f"{case}: ranks raised different messages"
+    for seen in per_rank:
+        assert seen[len(EXPECTED_FIELD)][:2] == ("after", "ok")
+        assert [row[1] for row in seen[len(EXPECTED_FIELD) + 1 :]] == ["ok", "ok"]
+
+
 def test_same_numel_message_reads_like_the_style_guide(dist_world: DistWorld) -> None:
     per_rank = dist_world(mismatch_matrix, world_size=3, timeout=45)
     _, field, text, ranks, _ = per_rank[0][1]  # "same-numel-shape-one-rank": only rank 2 is wrong
