@@ -112,6 +112,11 @@ def _check_no_abandoned(rank: int) -> None:
     )
 
 
+def _last_missing(records: list[AttemptRecord]) -> tuple[int, ...]:
+    """The missing ranks of the latest attempt that counted them (empty if none did)."""
+    return next((r.missing_ranks for r in reversed(records) if r.missing_ranks), ())
+
+
 class _Rendezvous:
     """The state of one ``init_with_retry`` call: store, join protocol, attempt records."""
 
@@ -163,7 +168,6 @@ class _Rendezvous:
         self._lock = threading.Lock()
         self._abandoned = False
         self._formed = False
-        self.blocked = ""  # what the thread was blocked in when abandoned
 
     # the attempt ----------------------------------------------------------------------------------
     def attempt(self, number: int) -> None:
@@ -475,8 +479,7 @@ class _Rendezvous:
             raise self._specific(last, lasted) from last
         # The last attempt may have failed before it could count (e.g. the store host reached its own
         # deadline first and went away): name who was missing when last seen.
-        seen = next((r.missing_ranks for r in reversed(self.records) if r.missing_ranks), ())
-        missing = last.missing_ranks or seen or ((0,) if last.kind == "refused" else ())
+        missing = last.missing_ranks or _last_missing(self.records) or ((0,) if last.kind == "refused" else ())
         raise _messages.rendezvous_timeout(
             rank=self.rank,
             world_size=self.world_size,
@@ -495,11 +498,12 @@ class _Rendezvous:
             if r.error
         ]
 
-    def overrun(self) -> RendezvousTimeoutError | None:
+    def overrun(self, thread: threading.Thread) -> RendezvousTimeoutError | None:
         """Give up on a rendezvous thread still blocked past the deadline (None: it formed the group meanwhile).
 
-        The thread is left behind, blocked in a native call nothing can interrupt; if that call ever returns
-        and the group forms, :meth:`attempt` destroys it again.
+        The thread is left behind, blocked in a native call nothing can interrupt, and recorded so that
+        another rendezvous in this process is refused while it lives; if that call ever returns and the
+        group forms, :meth:`attempt` destroys it again.
         """
         with self._lock:
             if self._formed:
@@ -510,19 +514,18 @@ class _Rendezvous:
         paused_at = self._paused_at
         now = time.monotonic()
         records = list(self.records)
-        missing = next((r.missing_ranks for r in reversed(records) if r.missing_ranks), ())
         if paused_at is not None:
             phase, begun = "the pause", paused_at
             blocked = f"the pause after attempt {number} blocked on the store for {now - begun:.1f} s"
         else:
             blocked = f"attempt {number} blocked in {phase} for {now - begun:.1f} s"
-        self.blocked = f"{blocked} at {self.master}"
+        _Process.abandoned = (thread, f"{blocked} at {self.master}")
         error = _messages.rendezvous_timeout(
             rank=self.rank,
             world_size=self.world_size,
             master=self.master,
             deadline=self.deadline,
-            missing=missing,
+            missing=_last_missing(records),
             attempts=[*self._attempt_lines(records), f"#{number} {phase} {now - begun:.1f} s: blocked, abandoned"],
             generation=self.generation,
             blocked=blocked,
@@ -581,11 +584,10 @@ class _Rendezvous:
         thread.start()
         thread.join(max(self.deadline_at + OVERRUN_GRACE - time.monotonic(), 0.0))
         if thread.is_alive():
-            error = self.overrun()
+            error = self.overrun(thread)
             if error is None:
                 thread.join()  # formed just now: only the bookkeeping is left
             elif not outcome:  # (else it ended on its own verdict just now: raise that one)
-                _Process.abandoned = (thread, self.blocked)
                 raise error
         if outcome:
             raise outcome[0]

@@ -32,13 +32,13 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
-def round_trip_every_dtype() -> list[str]:
+def round_trip_every_dtype(dtypes: list[torch.dtype] = DTYPES) -> list[str]:
     import torch.distributed as dist
 
     from distinit.broadcast import broadcast_tensor
 
     rank, failures = dist.get_rank(), []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for shape in SHAPES:
             ref = _reference(dtype, shape)
             for receiver_buffer in (False, True):
@@ -125,7 +125,10 @@ def mismatch_matrix() -> list[tuple[str, str, str, tuple[int, ...], float]]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_mismatch_matrix_raises_the_same_error_on_every_rank(dist_world: DistWorld, world_size: int) -> None:
-    per_rank = dist_world(mismatch_matrix, world_size=world_size, timeout=45)
+    _assert_same_verdicts_everywhere(dist_world(mismatch_matrix, world_size=world_size, timeout=45))
+
+
+def _assert_same_verdicts_everywhere(per_rank: list[list[tuple[str, str, str, tuple[int, ...], float]]]) -> None:
     for index, case in enumerate(EXPECTED_FIELD):
         rows = [seen[index] for seen in per_rank]
         assert {row[0] for row in rows} == {case}
@@ -136,40 +139,22 @@ def test_mismatch_matrix_raises_the_same_error_on_every_rank(dist_world: DistWor
     assert all(seen[-1][:2] == ("after", "ok") for seen in per_rank)
 
 
-def mismatch_matrix_by_all_gather() -> list[tuple[str, str, str, tuple[int, ...], float]]:
+def matrix_and_round_trips_by_all_gather() -> tuple[list[tuple[str, str, str, tuple[int, ...], float]], list[str]]:
     from distinit.broadcast import _header
 
     _header.ALL_GATHER_ON_CPU = True  # the exchange NCCL uses, run here on gloo
     try:
-        return mismatch_matrix() + [(f"dtype {d}", *round_trip_one(d)) for d in (torch.bfloat16, torch.uint64)]
+        return mismatch_matrix(), round_trip_every_dtype([torch.bfloat16, torch.uint64])
     finally:
         _header.ALL_GATHER_ON_CPU = False  # in case the rank process is reused
-
-
-def round_trip_one(dtype: torch.dtype) -> tuple[str, str, tuple[int, ...], float]:
-    import torch.distributed as dist
-
-    from distinit.broadcast import broadcast_tensor
-
-    ok = True
-    for shape in SHAPES:
-        sent = _reference(dtype, shape)
-        got = broadcast_tensor(sent if dist.get_rank() == 0 else None)
-        ok = ok and got.dtype == dtype and got.shape == sent.shape and _same_bytes(got, sent)
-    return ("ok" if ok else "corrupt", "", (), 0.0)
 
 
 @pytest.mark.timeout(60)
 def test_the_all_gather_exchange_gives_the_same_verdicts_and_bytes(dist_world: DistWorld) -> None:
     """The header exchange NCCL uses (one all_gather of the row) forced on gloo: same matrix, same bytes."""
-    per_rank = dist_world(mismatch_matrix_by_all_gather, world_size=3, timeout=45)
-    for index, case in enumerate(EXPECTED_FIELD):
-        rows = [seen[index] for seen in per_rank]
-        assert {row[1] for row in rows} == {EXPECTED_FIELD[case]}, (case, rows[0][2])
-        assert len({row[2] for row in rows}) == 1, f"{case}: ranks raised different messages"
-    for seen in per_rank:
-        assert seen[len(EXPECTED_FIELD)][:2] == ("after", "ok")
-        assert [row[1] for row in seen[len(EXPECTED_FIELD) + 1 :]] == ["ok", "ok"]
+    per_rank = dist_world(matrix_and_round_trips_by_all_gather, world_size=3, timeout=45)
+    _assert_same_verdicts_everywhere([matrix for matrix, _ in per_rank])
+    assert [failures for _, failures in per_rank] == [[], [], []]
 
 
 def test_same_numel_message_reads_like_the_style_guide(dist_world: DistWorld) -> None:
