@@ -15,7 +15,7 @@ from distinit.broadcast import _header
 class CallContext:
     """The group facts one call needs, resolved once on entry (a slotted class: cheap per call)."""
 
-    __slots__ = ("backend", "comm_device", "global_rank", "group", "rank", "seq", "size", "timeout")
+    __slots__ = ("backend", "comm_device", "global_rank", "group", "rank", "scratch", "seq", "size", "timeout")
 
     def __init__(
         self,
@@ -27,6 +27,7 @@ class CallContext:
         comm_device: torch.device,
         seq: int,
         timeout: float | None,
+        scratch: _header.Scratch | None = None,
     ) -> None:
         self.group = group
         self.size = size
@@ -36,6 +37,7 @@ class CallContext:
         self.comm_device = comm_device  # where header and payload collectives run
         self.seq = seq
         self.timeout = timeout
+        self.scratch = scratch  # the group's reusable header send buffer
 
     def is_src(self, src: int) -> bool:
         """Whether this rank is the (group-local) source."""
@@ -49,12 +51,18 @@ class CallContext:
 
 
 class _Facts:
-    """What never changes for a group: its backend, size, this process's ranks, the collective device."""
+    """A group's fixed facts (backend, size, this process's ranks, the collective device) and its state.
 
-    __slots__ = ("backend", "device", "global_rank", "rank", "size")
+    The state is the call counter (the ``#12`` in messages, and how a skipped call is detected; per
+    group and process-wide, as torch keeps its own) and the reusable header send buffer.
+    """
+
+    __slots__ = ("backend", "device", "global_rank", "rank", "scratch", "seq", "size")
 
     def __init__(self, backend: str, size: int, rank: int, global_rank: int, device: torch.device) -> None:
         self.backend, self.size, self.rank, self.global_rank, self.device = backend, size, rank, global_rank, device
+        self.seq = 0
+        self.scratch = _header.Scratch(size) if device.type == "cpu" else None
 
 
 def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
@@ -78,6 +86,7 @@ def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
         facts = _group_facts(pg)
         _FACTS[pg] = facts
     device = facts.device
+    facts.seq += 1
     return CallContext(
         pg,
         facts.size,
@@ -85,13 +94,14 @@ def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
         facts.global_rank,
         facts.backend,
         device if device.type != "cuda" else torch.device("cuda", torch.cuda.current_device()),
-        _header.SEQUENCE.next(pg),
+        facts.seq,
         seconds,
+        facts.scratch,
     )
 
 
 # A group's backend, size and this process's ranks never change; asking torch costs ~50 µs a call,
-# half of a small broadcast. Weakly keyed: a destroyed group's entry goes with it.
+# half of a small broadcast. Weakly keyed: a destroyed group's entry (and its call count) goes with it.
 _FACTS: weakref.WeakKeyDictionary[Any, _Facts] = weakref.WeakKeyDictionary()
 
 

@@ -270,7 +270,13 @@ def broadcast_object(
     )
     try:
         exchanged = _header.exchange(
-            words, group=ctx.group, group_size=ctx.size, device=ctx.comm_device, inline=inline, timeout=ctx.timeout
+            words,
+            group=ctx.group,
+            group_size=ctx.size,
+            device=ctx.comm_device,
+            inline=inline,
+            timeout=ctx.timeout,
+            scratch=ctx.scratch,
         )
     except _header.CollectiveFailed as exc:
         raise timeout_error(ctx, CALL, src, "header exchange", exc) from exc

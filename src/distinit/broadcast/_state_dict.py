@@ -440,6 +440,7 @@ def _run(
             device=ctx.comm_device,
             inline=meta if inline_meta else None,
             timeout=ctx.timeout,
+            scratch=ctx.scratch,
         )
         views = exchanged.views
         verdict = _mismatch.judge(views, my_op=op, seq=ctx.seq)

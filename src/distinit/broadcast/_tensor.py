@@ -40,6 +40,7 @@ def _status_of(tensor: object, is_src: bool) -> int:
 
 
 _CUDA_CODE = device_type_code(torch.device("cuda"))
+_CPU_CODE = device_type_code(torch.device("cpu"))
 _CPU = torch.device("cpu")
 
 
@@ -94,12 +95,12 @@ def broadcast_tensor(
     inline: torch.Tensor | None = None
     if usable is not None:
         nbytes = usable.nbytes
-        dev = usable.device
+        dev_code = _CPU_CODE if usable.is_cpu else device_type_code(usable.device)  # .device costs 0.4 µs
         if is_src and nbytes <= _header.INLINE_BYTES:
             inline = usable  # its raw bytes ride in the header row (staged through CPU when needed)
         words = _header.fixed_words(
             seq=ctx.seq, op=_header.OP_TENSOR, src=src, has_buffer=True, status=status,
-            dtype=dtype_code(usable.dtype), device=device_type_code(dev), shape=usable.shape, nbytes=nbytes,
+            dtype=dtype_code(usable.dtype), device=dev_code, shape=usable.shape, nbytes=nbytes,
             inline=nbytes if inline is not None else _header.NOT_INLINE, global_rank=ctx.global_rank,
         )  # fmt: skip
     else:
@@ -108,7 +109,13 @@ def broadcast_tensor(
         )
     try:
         exchanged = _header.exchange(
-            words, group=ctx.group, group_size=ctx.size, device=ctx.comm_device, inline=inline, timeout=ctx.timeout
+            words,
+            group=ctx.group,
+            group_size=ctx.size,
+            device=ctx.comm_device,
+            inline=inline,
+            timeout=ctx.timeout,
+            scratch=ctx.scratch,
         )
     except _header.CollectiveFailed as exc:
         raise timeout_error(ctx, CALL, src, "header exchange", exc) from exc

@@ -191,6 +191,31 @@ def test_timeout_bounds_a_call_a_peer_never_makes(dist_world: DistWorld) -> None
     assert elapsed < 10
 
 
+def successive_small_calls_stay_independent() -> list[str]:
+    """Each group reuses its header buffers: what a call returned must not change with the next call."""
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_object, broadcast_tensor
+
+    rank, problems = dist.get_rank(), []
+    first = broadcast_tensor(torch.arange(256.0) if rank == 0 else None)  # 1 KiB: inline in the header
+    second = broadcast_tensor(torch.full((3,), 7, dtype=torch.int8) if rank == 0 else None)  # shorter payload
+    words = broadcast_object(["a" * 900] if rank == 0 else None, type=list[str])
+    third = broadcast_tensor(torch.ones(3, dtype=torch.int8) if rank == 0 else None)
+    if not torch.equal(first, torch.arange(256.0)):
+        problems.append("the first result changed")
+    if not torch.equal(second, torch.full((3,), 7, dtype=torch.int8)) or words != ["a" * 900]:
+        problems.append("a later result is wrong")
+    if not torch.equal(third, torch.ones(3, dtype=torch.int8)):
+        problems.append("stale inline bytes leaked into a shorter payload")
+    return problems
+
+
+@pytest.mark.timeout(60)
+def test_successive_small_calls_stay_independent(dist_world: DistWorld) -> None:
+    assert dist_world(successive_small_calls_stay_independent, world_size=2, timeout=30) == [[], []]
+
+
 def subgroup_with_group_local_src() -> list[float]:
     import torch.distributed as dist
 

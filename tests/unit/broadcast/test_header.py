@@ -9,7 +9,6 @@ from distinit.broadcast._header import (
     MAGIC,
     MAX_NDIM,
     OP_STATE_DICT,
-    SequenceCounter,
     View,
     fixed_words,
 )
@@ -50,12 +49,25 @@ def test_garbage_ndim_never_raises(ndim: int) -> None:
     assert len(View.from_words(words).shape) <= MAX_NDIM
 
 
-def test_sequence_counter_is_per_group() -> None:
-    class Group:
-        pass
+def test_scratch_row_is_rewritten_without_stale_inline_bytes() -> None:
+    scratch = _header.Scratch(1)
+    assert scratch.take() and not scratch.take()  # one call at a time
+    words = fixed_words(seq=1, op=1, src=0, inline=6)
+    scratch.dirty = _header._fill_row(scratch.buffer, scratch.address, scratch.dirty, words, b"abcdef")
+    assert bytes(scratch.buffer[_header.FIXED_BYTES : _header.FIXED_BYTES + 8]) == b"abcdef\0\0"
+    payload = torch.tensor([7], dtype=torch.int16)
+    scratch.dirty = _header._fill_row(scratch.buffer, scratch.address, scratch.dirty, words, payload)
+    assert scratch.dirty == 2
+    assert bytes(scratch.buffer[_header.FIXED_BYTES : _header.FIXED_BYTES + 8]) == payload.numpy().tobytes() + bytes(6)
+    scratch.give_back()
+    assert scratch.take()
 
-    counter, a, b = SequenceCounter(), Group(), Group()
-    assert [counter.next(a), counter.next(a), counter.next(b)] == [1, 2, 1]
+
+def test_fixed_words_pad_every_field() -> None:
+    for shape in [None, (), (3,), tuple(range(1, MAX_NDIM + 1))]:
+        words = fixed_words(seq=1, op=1, src=0, shape=shape, global_rank=5)
+        assert len(words) == FIXED_WORDS
+        assert View.from_words(words).global_rank == 5
 
 
 def test_inline_payload_lands_bit_exactly_and_autograd_sees_the_write() -> None:
