@@ -35,7 +35,13 @@ from distinit.errors import (
 )
 
 if TYPE_CHECKING:
-    from distinit.broadcast import broadcast_module, broadcast_object, broadcast_state_dict, broadcast_tensor
+    from distinit.broadcast import (
+        broadcast_module,
+        broadcast_object,
+        broadcast_state_dict,
+        broadcast_tensor,
+        flatten_module_,
+    )
     from distinit.env import DistEnv, env_from_scheduler, expand_hostlist
     from distinit.init import AttemptRecord, Backoff, InitReport, SetupResult, init_with_retry, setup, teardown
     from distinit.watchdog import AutoTimeout, WatchdogClient, WatchdogEvent, WatchdogServer
@@ -62,6 +68,7 @@ _LAZY = {
     "broadcast_object": "distinit.broadcast",
     "broadcast_state_dict": "distinit.broadcast",
     "broadcast_tensor": "distinit.broadcast",
+    "flatten_module_": "distinit.broadcast",
 }
 
 
@@ -110,6 +117,7 @@ __all__ = [
     "broadcast_tensor",
     "env_from_scheduler",
     "expand_hostlist",
+    "flatten_module_",
     "init_with_retry",
     "setup",
     "teardown",

@@ -51,6 +51,10 @@ W_COUNT = 23
 W_AUX_NBYTES = 24
 W_INLINE = 25
 W_GLOBAL_RANK = 26
+W_FLAGS = 27
+
+FLAG_FLAT = 1
+"""``W_FLAGS`` bit: this rank's module is flattened (:func:`distinit.flatten_module_`) and can move zero-copy."""
 
 OP_TENSOR, OP_OBJECT, OP_STATE_DICT, OP_MODULE = 1, 2, 3, 4
 OP_NAMES = {OP_TENSOR: "broadcast_tensor", OP_OBJECT: "broadcast_object", OP_STATE_DICT: "broadcast_state_dict",
@@ -79,6 +83,7 @@ class View:
     aux_nbytes: int
     inline: int
     global_rank: int
+    flags: int
 
     @classmethod
     def from_words(cls, words: Sequence[int]) -> View:
@@ -88,7 +93,8 @@ class View:
         # Positional, in field order: the hot path of every call.
         return cls(w[W_MAGIC], w[W_SEQ], w[W_OP], w[W_SRC], bool(w[W_HAS_BUFFER]), w[W_STATUS], w[W_DTYPE],
                    w[W_DEVICE], ndim, w[W_SHAPE : W_SHAPE + max(0, min(ndim, MAX_NDIM))], w[W_NBYTES],
-                   w[W_FINGERPRINT], w[W_COUNT], w[W_AUX_NBYTES], w[W_INLINE], w[W_GLOBAL_RANK])  # fmt: skip
+                   w[W_FINGERPRINT], w[W_COUNT], w[W_AUX_NBYTES], w[W_INLINE], w[W_GLOBAL_RANK],
+                   w[W_FLAGS])  # fmt: skip
 
 
 def fixed_words(
@@ -107,6 +113,7 @@ def fixed_words(
     aux_nbytes: int = 0,
     inline: int = NOT_INLINE,
     global_rank: int = -1,
+    flags: int = 0,
 ) -> list[int]:
     """The :data:`FIXED_WORDS` words of this rank's row (``shape=None``: no tensor view, ndim -1).
 
@@ -119,11 +126,11 @@ def fixed_words(
         ndim = len(shape)
         dims = [*shape, *_NO_SHAPE[ndim:]]
     return [MAGIC, seq, op, src, 1 if has_buffer else 0, status, dtype, device, ndim, *dims,
-            nbytes, fingerprint, count, aux_nbytes, inline, global_rank, *_TAIL]  # fmt: skip
+            nbytes, fingerprint, count, aux_nbytes, inline, global_rank, flags, *_TAIL]  # fmt: skip
 
 
 _NO_SHAPE = [0] * MAX_NDIM
-_TAIL = [0] * (FIXED_WORDS - W_GLOBAL_RANK - 1)
+_TAIL = [0] * (FIXED_WORDS - W_FLAGS - 1)
 
 
 class Scratch:

@@ -23,13 +23,14 @@ from typing import Any
 
 import torch
 
-from distinit.broadcast import _header, _mismatch, _plan
+from distinit.broadcast import _flat, _header, _mismatch, _plan
 from distinit.broadcast._dtypes import CODE_OF_DTYPE, DTYPE_OF_CODE, describe, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._object import from_bytes, to_bytes
 from distinit.broadcast._transport import (
     as_bytes,
     broadcast_bytes,
+    copy_all,
     copy_back,
     is_lazy,
     timeout_error,
@@ -222,15 +223,7 @@ def _pack(sources: list[torch.Tensor], flat: torch.Tensor, plan: _Staged, index:
             return
         except RuntimeError:  # sources on another device than the bucket (CUDA tensors staged on gloo)
             pass
-    _copy_all(plan.views(index, flat.device), sources)
-
-
-def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    try:
-        torch._foreach_copy_(dst, src)
-    except RuntimeError:  # mixed devices on an older torch: one copy each
-        for d, s in zip(dst, src, strict=True):
-            d.copy_(s)
+    copy_all(plan.views(index, flat.device), sources)
 
 
 class _CopyBack:
@@ -244,7 +237,7 @@ class _CopyBack:
             if self.raw:
                 copy_back(self.targets[0], self.sources[0])
                 return
-            _copy_all(self.targets, self.sources)
+            copy_all(self.targets, self.sources)
 
 
 class _Staged:
@@ -407,14 +400,21 @@ def _run(
     status: int,
     bucket_bytes: int,
     device: torch.device | None,
+    flat: _flat.FlatState | None = None,
 ) -> tuple[list[str], list[torch.Tensor]]:
-    """The shared protocol; returns the (names, tensors) this rank ends up with."""
+    """The shared protocol; returns the (names, tensors) this rank ends up with.
+
+    ``flat``: the module's flat state (:func:`flatten_module_`); the zero-copy path runs when every
+    rank has one that matches the call's layout on the collective device.
+    """
     call = _header.OP_NAMES[op]
     is_src = ctx.rank == src
     lay = layout(names, tensors) if names is not None and tensors is not None and status == _mismatch.OK else None
     if lay is not None and lay.unsupported:
         status, lay = _mismatch.UNSUPPORTED_DTYPE, None
     has = lay is not None
+    if flat is not None and not (lay is not None and flat.fingerprint == lay.fingerprint and flat.on(ctx.comm_device)):
+        flat = None  # the module changed since it was flattened, or lives elsewhere: the staged path
     meta = b""
     if has and is_src and op == _header.OP_STATE_DICT:  # receivers passing None need src's keys
         meta = encode_meta(_entries(names, tensors))  # type: ignore[arg-type]
@@ -431,6 +431,7 @@ def _run(
         aux_nbytes=len(meta),
         inline=len(meta) if inline_meta else _header.NOT_INLINE,
         global_rank=ctx.global_rank,
+        flags=_header.FLAG_FLAT if flat is not None else 0,
     )
     try:
         exchanged = _header.exchange(
@@ -449,13 +450,17 @@ def _run(
         if verdict is not None:
             raise verdict.error()
         sv = views[src]
+        zero_copy = flat is not None and all(v.flags & _header.FLAG_FLAT for v in views)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
-                "rank %d: %s call #%d from src %d: %d tensors",
-                ctx.rank, call, ctx.seq, src, sv.count,
+                "rank %d: %s call #%d from src %d: %d tensors%s",
+                ctx.rank, call, ctx.seq, src, sv.count, ", flat (zero-copy)" if zero_copy else "",
                 extra={"distinit": {"event": "broadcast.call", "call": call, "seq": ctx.seq, "src": src,
-                                    "rank": ctx.rank, "count": sv.count}},
+                                    "rank": ctx.rank, "count": sv.count, "flat": zero_copy}},
             )  # fmt: skip
+        if zero_copy and names is not None and tensors is not None and flat is not None:
+            _flat.transfer(ctx, call, src, flat, tensors, is_src)
+            return names, tensors
         if is_src:
             if names is None or tensors is None:  # unreachable: the verdict checked src's status
                 raise RuntimeError(f"{call}: src passed no tensors but the verdict let it through")
@@ -602,4 +607,36 @@ def broadcast_module(
     """
     ctx = resolve(group, timeout)
     names, tensors = module_tensors(model)
-    _run(ctx, _header.OP_MODULE, src, names, tensors, _mismatch.OK, _bucket(bucket_bytes), None)
+    _run(
+        ctx, _header.OP_MODULE, src, names, tensors, _mismatch.OK, _bucket(bucket_bytes), None,
+        _flat.registered(model),
+    )  # fmt: skip
+
+
+def flatten_module_(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Re-home ``model``'s parameters and buffers into one flat buffer per (device, dtype), in place.
+
+    Opt-in speed for models broadcast again and again (weight sync to actors, EMA, averaging): once
+    every rank's model is flattened, :func:`broadcast_module` sends each flat buffer with one
+    collective and copies nothing, instead of packing small tensors into staging buckets and sending
+    large ones one by one. The structure is still verified on every call, and the result is the same
+    either way. Each tensor keeps its identity (``nn.Parameter`` objects, ``requires_grad``,
+    optimizer references); only its storage changes (``tensor.data = view``). Tied tensors get one
+    slot. If the model changes afterwards (``.to()``, ``.half()``, a replaced parameter), calls stay
+    correct and fall back to the default path where the layout no longer matches.
+
+    Call it after moving the model to its device and before wrapping it (DDP, ``torch.compile``),
+    on every rank; a rank whose model is not flattened makes every rank use the default path.
+
+    Args:
+        model: the module; tensor subclasses other than ``nn.Parameter`` (DTensor, FSDP) are refused.
+
+    Returns:
+        The flat buffers (1-d, one per device and dtype, in order of first appearance); the
+        tensors are views of them.
+
+    Raises:
+        TypeError: a parameter or buffer is a tensor subclass or not strided; nothing is moved.
+    """
+    names, tensors = module_tensors(model)
+    return [group.flat for group in _flat.relocate(model, names, tensors, layout(names, tensors).fingerprint).groups]

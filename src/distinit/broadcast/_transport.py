@@ -50,6 +50,15 @@ def copy_back(out: torch.Tensor, staged: torch.Tensor) -> None:
             out.copy_(staged.view(out.dtype).view(out.shape))
 
 
+def copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """Copy ``src[i]`` into ``dst[i]`` with one ``torch._foreach_copy_`` (a no-op for a tensor onto itself)."""
+    try:
+        torch._foreach_copy_(dst, src)
+    except RuntimeError:  # mixed devices on an older torch: one copy each
+        for d, s in zip(dst, src, strict=True):
+            d.copy_(s)
+
+
 def broadcast_bytes(buf: torch.Tensor, src: int, ctx: CallContext) -> Any:
     """Start an async broadcast of a uint8 buffer from group rank ``src``; returns the work handle."""
     return dist.broadcast(buf, group=ctx.group, group_src=src, async_op=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -198,3 +199,114 @@ def subgroup_state_dict() -> list[float]:
 @pytest.mark.timeout(60)
 def test_state_dict_over_a_subgroup(dist_world: DistWorld) -> None:
     assert dist_world(subgroup_state_dict, world_size=3, timeout=30) == [[7.0] * 3, [], [7.0] * 3]
+
+
+class _Paths(logging.Handler):
+    """Which transfer path each broadcast_module call took on this rank (from the debug record)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.flat: list[bool] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        info = getattr(record, "distinit", {})
+        if info.get("event") == "broadcast.call" and info.get("call") == "broadcast_module":
+            self.flat.append(bool(info.get("flat")))
+
+
+def _seeded(rank: int) -> Tied:
+    torch.manual_seed(rank)  # every rank starts from different weights
+    model = Tied()
+    model.block[1].running_mean.fill_(rank)
+    model.block[1].num_batches_tracked.fill_(rank + 5)
+    return model
+
+
+def _differences(model: torch.nn.Module, expected: dict[str, torch.Tensor]) -> list[str]:
+    got = dict([*model.named_parameters(), *model.named_buffers()])
+    return [name for name, value in expected.items() if not torch.equal(got[name], value)]
+
+
+def flattened_module_sync() -> dict[str, object]:
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_module, flatten_module_
+
+    rank, last = dist.get_rank(), dist.get_world_size() - 1
+    logger = logging.getLogger("distinit.broadcast")
+    paths, level = _Paths(), logger.level
+    logger.addHandler(paths)
+    logger.setLevel(logging.DEBUG)
+    out: dict[str, object] = {}
+    try:
+        reference = {k: v.detach().clone() for k, v in [*_seeded(0).named_parameters(), *_seeded(0).named_buffers()]}
+        model = _seeded(rank)
+        flatten_module_(model)
+        broadcast_module(model)
+        out["all flattened"] = (_differences(model, reference), model.head.weight is model.embed.weight)
+        # A parameter replaced after flattening (same shape) no longer aliases the flat buffer, on src and on
+        # a receiver: the call stays on the flat path and its values still arrive.
+        if rank == 0:
+            model.block[0].bias = torch.nn.Parameter(torch.full((16,), 7.0))
+            with torch.no_grad():
+                model.block[0].weight.fill_(3.0)
+        if rank == last:
+            model.block[0].weight = torch.nn.Parameter(torch.zeros(16, 16))
+        broadcast_module(model)
+        out["replaced"] = (
+            bool(torch.equal(model.block[0].weight, torch.full((16, 16), 3.0))),
+            bool(torch.equal(model.block[0].bias, torch.full((16,), 7.0))),
+        )
+        # A rank whose model is not flattened sends every rank down the staged path.
+        other = _seeded(rank)
+        if rank != last:
+            flatten_module_(other)
+        broadcast_module(other)
+        out["one rank not flattened"] = _differences(other, reference)
+        # A model changed after flattening (another dtype) no longer matches its flat state: staged path.
+        moved = _seeded(rank)
+        flatten_module_(moved)
+        moved.double()
+        broadcast_module(moved)
+        expected = {k: v.double() if v.is_floating_point() else v for k, v in reference.items()}
+        out["changed after flattening"] = _differences(moved, expected)
+        out["paths"] = paths.flat
+    finally:
+        logger.removeHandler(paths)
+        logger.setLevel(level)
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_flattened_modules_move_zero_copy_and_fall_back_when_they_must(dist_world: DistWorld, world_size: int) -> None:
+    for result in dist_world(flattened_module_sync, world_size=world_size, timeout=45):
+        assert result["all flattened"] == ([], True)
+        assert result["replaced"] == (True, True)
+        assert result["one rank not flattened"] == []
+        assert result["changed after flattening"] == []
+        assert result["paths"] == [True, True, False, False]
+
+
+def flattened_module_mismatch() -> tuple[str, str]:
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_module, flatten_module_
+    from distinit.errors import BroadcastMismatchError
+
+    hidden = 32 if dist.get_rank() == 1 else 16
+    model = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.Linear(hidden, 2))
+    flatten_module_(model)
+    try:
+        broadcast_module(model)
+    except BroadcastMismatchError as exc:
+        return exc.field, str(exc)
+    return "no error", ""
+
+
+@pytest.mark.timeout(60)
+def test_flattened_modules_are_still_verified(dist_world: DistWorld) -> None:
+    per_rank = dist_world(flattened_module_mismatch, world_size=3, timeout=30)
+    assert len(set(per_rank)) == 1
+    assert per_rank[0][0] == "metadata"
+    assert "rank 1 has '0.weight' as float32[32, 8] where src has float32[16, 8]" in per_rank[0][1]

@@ -14,6 +14,7 @@ def test_public_names() -> None:
         "broadcast_object",
         "broadcast_state_dict",
         "broadcast_tensor",
+        "flatten_module_",
     ]
 
 
