@@ -592,7 +592,8 @@ def broadcast_module(
 
     The structure (names, dtypes, shapes) is verified on every rank first, through one fingerprint
     in the header collective; tied and shared parameters move once. Same transfer plan as
-    :func:`broadcast_state_dict`.
+    :func:`broadcast_state_dict`, unless every rank's model was flattened with
+    :func:`flatten_module_`: then each flat buffer moves in one collective and nothing is copied.
 
     Args:
         model: the module on every rank (built the same way on every rank).
