@@ -623,8 +623,9 @@ def flatten_module_(model: torch.nn.Module) -> list[torch.Tensor]:
     large ones one by one. The structure is still verified on every call, and the result is the same
     either way. Each tensor keeps its identity (``nn.Parameter`` objects, ``requires_grad``,
     optimizer references); only its storage changes (``tensor.data = view``). Tied tensors get one
-    slot. If the model changes afterwards (``.to()``, ``.half()``, a replaced parameter), calls stay
-    correct and fall back to the default path where the layout no longer matches.
+    slot. If the model changes afterwards, calls stay correct: a replaced parameter or a move to
+    another device is copied through the flat buffer, and a change of dtype or shape (``.half()``)
+    no longer matches the flat layout, so calls take the default path.
 
     Call it after moving the model to its device and before wrapping it (DDP, ``torch.compile``),
     on every rank; a rank whose model is not flattened makes every rank use the default path.
