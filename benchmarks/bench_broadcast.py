@@ -269,7 +269,7 @@ def _small_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
     def header_only() -> None:
         ctx = resolve(None, None)
         words = _header.fixed_words(seq=ctx.seq, op=_header.OP_TENSOR, src=0, shape=(256,), nbytes=1024)
-        ex = _header.exchange(words, group=ctx.group, group_size=ctx.size, device=ctx.comm_device, scratch=ctx.scratch)
+        ex = ctx.exchange(words)
         from distinit.broadcast._mismatch import judge
 
         judge(ex.views, my_op=_header.OP_TENSOR, seq=ctx.seq)

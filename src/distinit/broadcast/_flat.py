@@ -22,10 +22,10 @@ import dataclasses
 import operator
 import weakref
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
+from distinit.broadcast._group import CallContext
 from distinit.broadcast._transport import as_bytes, broadcast_bytes, copy_all, wait_or_raise
 
 
@@ -108,7 +108,9 @@ def relocate(
     return state
 
 
-def transfer(ctx: Any, call: str, src: int, state: FlatState, tensors: Sequence[torch.Tensor], send: bool) -> None:
+def transfer(
+    ctx: CallContext, call: str, src: int, state: FlatState, tensors: Sequence[torch.Tensor], send: bool
+) -> None:
     """Move every tensor as one collective per flat buffer (all in flight at once).
 
     On src the tensors are first copied into the buffers and on receivers copied out afterwards;

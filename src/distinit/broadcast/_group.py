@@ -39,6 +39,17 @@ class CallContext:
         self.timeout = timeout
         self.scratch = scratch  # the group's reusable header send buffer
 
+    def exchange(self, words: list[int], inline: torch.Tensor | bytes | None = None) -> _header.Exchange:
+        """Exchange this rank's header row within the group (see :func:`distinit.broadcast._header.exchange`).
+
+        Raises:
+            CollectiveFailed: the exchange timed out or a peer failed.
+        """
+        return _header.exchange(
+            words, group=self.group, group_size=self.size, device=self.comm_device, inline=inline,
+            timeout=self.timeout, scratch=self.scratch,
+        )  # fmt: skip
+
     def is_src(self, src: int) -> bool:
         """Whether this rank is the (group-local) source."""
         return self.rank == src

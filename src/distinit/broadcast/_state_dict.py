@@ -434,15 +434,7 @@ def _run(
         flags=_header.FLAG_FLAT if flat is not None else 0,
     )
     try:
-        exchanged = _header.exchange(
-            words,
-            group=ctx.group,
-            group_size=ctx.size,
-            device=ctx.comm_device,
-            inline=meta if inline_meta else None,
-            timeout=ctx.timeout,
-            scratch=ctx.scratch,
-        )
+        exchanged = ctx.exchange(words, meta if inline_meta else None)
         views = exchanged.views
         verdict = _mismatch.judge(views, my_op=op, seq=ctx.seq)
         if verdict is not None and verdict.field == "keys":

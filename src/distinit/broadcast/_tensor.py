@@ -108,15 +108,7 @@ def broadcast_tensor(
             seq=ctx.seq, op=_header.OP_TENSOR, src=src, status=status, global_rank=ctx.global_rank
         )
     try:
-        exchanged = _header.exchange(
-            words,
-            group=ctx.group,
-            group_size=ctx.size,
-            device=ctx.comm_device,
-            inline=inline,
-            timeout=ctx.timeout,
-            scratch=ctx.scratch,
-        )
+        exchanged = ctx.exchange(words, inline)
     except _header.CollectiveFailed as exc:
         raise timeout_error(ctx, CALL, src, "header exchange", exc) from exc
     verdict = _mismatch.judge(exchanged.views, my_op=_header.OP_TENSOR, seq=ctx.seq)

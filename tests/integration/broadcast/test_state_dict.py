@@ -159,14 +159,16 @@ def test_module_parameters_and_buffers_sync_in_place(dist_world: DistWorld, worl
     assert dist_world(module_sync, world_size=world_size, timeout=45) == [[]] * world_size
 
 
-def module_mismatch() -> tuple[str, str]:
+def module_mismatch(flatten: bool) -> tuple[str, str]:
     import torch.distributed as dist
 
-    from distinit.broadcast import broadcast_module
+    from distinit.broadcast import broadcast_module, flatten_module_
     from distinit.errors import BroadcastMismatchError
 
     hidden = 32 if dist.get_rank() == 1 else 16  # a config that differs on one rank
     model = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.Linear(hidden, 2))
+    if flatten:  # flattened models are verified all the same
+        flatten_module_(model)
     try:
         broadcast_module(model)
     except BroadcastMismatchError as exc:
@@ -175,8 +177,9 @@ def module_mismatch() -> tuple[str, str]:
 
 
 @pytest.mark.timeout(60)
-def test_module_structure_mismatch(dist_world: DistWorld) -> None:
-    per_rank = dist_world(module_mismatch, world_size=3, timeout=30)
+@pytest.mark.parametrize("flatten", [False, True], ids=["staged", "flattened"])
+def test_module_structure_mismatch(dist_world: DistWorld, flatten: bool) -> None:
+    per_rank = dist_world(module_mismatch, world_size=3, timeout=30, args=(flatten,))
     assert len(set(per_rank)) == 1
     field, text = per_rank[0]
     assert field == "metadata"
@@ -286,27 +289,3 @@ def test_flattened_modules_move_zero_copy_and_fall_back_when_they_must(dist_worl
         assert result["one rank not flattened"] == []
         assert result["changed after flattening"] == []
         assert result["paths"] == [True, True, False, False]
-
-
-def flattened_module_mismatch() -> tuple[str, str]:
-    import torch.distributed as dist
-
-    from distinit.broadcast import broadcast_module, flatten_module_
-    from distinit.errors import BroadcastMismatchError
-
-    hidden = 32 if dist.get_rank() == 1 else 16
-    model = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.Linear(hidden, 2))
-    flatten_module_(model)
-    try:
-        broadcast_module(model)
-    except BroadcastMismatchError as exc:
-        return exc.field, str(exc)
-    return "no error", ""
-
-
-@pytest.mark.timeout(60)
-def test_flattened_modules_are_still_verified(dist_world: DistWorld) -> None:
-    per_rank = dist_world(flattened_module_mismatch, world_size=3, timeout=30)
-    assert len(set(per_rank)) == 1
-    assert per_rank[0][0] == "metadata"
-    assert "rank 1 has '0.weight' as float32[32, 8] where src has float32[16, 8]" in per_rank[0][1]
