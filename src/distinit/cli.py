@@ -16,11 +16,12 @@ import shlex
 import socket
 import sys
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
+from distinit._duration import to_seconds
+from distinit._foreign import first_line
 from distinit.env import DistEnv, env_from_scheduler
-from distinit.errors import DistinitError, SchedulerEnvError
+from distinit.errors import DistinitError, RendezvousError, SchedulerEnvError
 from distinit.watchdog._daemon import add_watchdog_parser
 
 EXIT_OK = 0
@@ -74,6 +75,8 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
 
     Raises:
         SchedulerEnvError: MASTER_ADDR or MASTER_PORT is unknown for a multi-process world.
+        RendezvousError: the world did not form within ``timeout`` (duplicate rank, world-size mismatch,
+            missing ranks...), as :func:`distinit.init_with_retry` says.
     """
     if env.world_size > 1 and (env.master_addr is None or env.master_port is None):
         missing = [
@@ -89,12 +92,12 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
     import torch  # only now: a refused check above stays fast
     import torch.distributed as dist
 
+    from distinit.init import init_with_retry
+
     env.export()
-    if env.world_size == 1 and env.master_port is None:
-        store = dist.HashStore()  # type: ignore[attr-defined]  # re-exported from torch._C
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=timeout))
-    else:
-        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+    # Through init/ like any job: the join protocol names duplicate ranks and world-size mismatches in
+    # seconds, and the deadline bounds the whole rendezvous.
+    init_with_retry("gloo", env=env, deadline=timeout, pg_timeout=timeout, verify=False)
     try:
         total = torch.tensor([env.rank], dtype=torch.int64)
         dist.all_reduce(total)
@@ -141,8 +144,10 @@ def _cmd_env(args: argparse.Namespace) -> int:
         except SchedulerEnvError as exc:
             print(f"distinit env: {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_BAD_ENV
-        except (RuntimeError, ValueError, OSError) as exc:  # torch reports store/gloo failures as these
+        except RendezvousError as exc:  # the world did not form: the check failed, and says why
             check = {"ok": False, "problems": [f"{type(exc).__name__}: {exc}"]}
+        except (RuntimeError, ValueError, OSError) as exc:  # torch reports collective failures as these
+            check = {"ok": False, "problems": [f"{type(exc).__name__}: {first_line(exc)}"]}
     if args.json:
         document = env.model_dump(mode="json")
         if check is not None:
@@ -163,6 +168,14 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return EXIT_OK if check is None or check["ok"] else EXIT_CHECK_FAILED
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: finite seconds > 0 (argparse then exits 2 with the message, never a traceback)."""
+    try:
+        return to_seconds(float(text), "S")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0") from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``distinit`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -179,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--export-shell", action="store_true", help="`export NAME=value` lines for eval")
     env.add_argument("--no-strict", action="store_true", help="treat 'not launched' as a single process")
     env.add_argument("--check", action="store_true", help="form a real gloo group and verify the world")
-    env.add_argument("--check-timeout", type=float, default=60.0, metavar="S", help="bound for --check (60 s)")
+    env.add_argument("--check-timeout", type=_seconds, default=60.0, metavar="S", help="bound for --check (60 s)")
     env.set_defaults(handler=_cmd_env)
     add_watchdog_parser(commands)
     return parser

@@ -84,3 +84,16 @@ def test_no_strict(clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[
     assert "NotLaunchedError" in capsys.readouterr().err
     assert cli.main(["env", "--no-strict", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["world_size"] == 1
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1", "0", "abc"])
+def test_check_timeout_must_be_finite_positive(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    # `--check-timeout inf` used to reach timedelta(seconds=inf): an OverflowError traceback, exit 1.
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["env", "--no-strict", "--check", f"--check-timeout={value}"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--check-timeout" in err
+    assert "Traceback" not in err
