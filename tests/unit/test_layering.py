@@ -1,0 +1,126 @@
+"""The import layering of the package, enforced: every import statement in src/distinit, lazy ones included.
+
+Imports point one way (STYLE.md section 1): the leaves (errors, durations, foreign-error text) import only the
+standard library; env imports no other capability and no torch; broadcast and watchdog know nothing of init or of
+each other; no capability imports the testing plugin, the CLI or the package face (``import distinit``).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
+LEAVES = ("errors", "_duration", "_foreign")
+CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing")
+#: capability -> the distinit packages it may import besides itself and the leaves.
+ALLOWED = {
+    "env": set(),
+    "init": {"env"},
+    "broadcast": set(),
+    "watchdog": set(),
+    "testing": {"env", "init", "broadcast", "watchdog"},
+}
+#: What the package face or the CLI is; no capability imports these.
+FACES = {"distinit", "distinit.cli", "distinit.testing.plugin"}
+
+
+def _modules() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module named by an import in ``path`` (relative imports resolved), at any depth."""
+    found: set[str] = set()
+    if not path.is_relative_to(SRC):
+        package = ""
+    elif path.name == "__init__.py":
+        package = _name(path)
+    else:
+        package = _name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _layer(module: str) -> str | None:
+    """The capability or leaf a ``distinit.*`` module belongs to (None for the face and the CLI)."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _distinit_imports(path: Path) -> set[str]:
+    return {name for name in _imports(path) if name == "distinit" or name.startswith("distinit.")}
+
+
+def test_the_walk_sees_every_module() -> None:
+    names = {_name(path) for path in _modules()}
+    assert {"distinit.errors", "distinit.env", "distinit.init", "distinit.broadcast", "distinit.watchdog"} <= names
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_leaves_import_only_the_standard_library(leaf: str) -> None:
+    path = SRC / f"{leaf}.py"
+    foreign = {name.split(".")[0] for name in _imports(path)} - set(sys.stdlib_module_names) - {"__future__"}
+    assert not foreign, f"distinit.{leaf} must import only the standard library, imports {sorted(foreign)}"
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_capability_imports_point_one_way(capability: str) -> None:
+    allowed = {capability, *LEAVES, *ALLOWED[capability]}
+    bad: list[str] = []
+    for path in sorted((SRC / capability).rglob("*.py")):
+        own = _name(path)
+        for name in sorted(_distinit_imports(path)):
+            if name in FACES and name != own and not (capability == "testing" and name.startswith("distinit.testing")):
+                bad.append(f"{own} imports {name} (the package face, the CLI or the plugin)")
+            elif name != "distinit" and _layer(name) not in allowed:
+                bad.append(f"{own} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_env_never_imports_torch() -> None:
+    # Resolution stays pure and its tests fast: no torch, not even lazily.
+    bad = [
+        f"{_name(path)} imports {name}"
+        for path in sorted((SRC / "env").rglob("*.py"))
+        for name in sorted(_imports(path))
+        if name == "torch" or name.startswith("torch.")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_private_torch_c10d_imports() -> None:
+    # Public torch.distributed names exist for every store and group type we use.
+    bad = [
+        f"{_name(path)} imports {name}"
+        for path in _modules()
+        for name in sorted(_imports(path))
+        if name.startswith("torch._C._distributed_c10d")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_violation_is_seen(tmp_path: Path) -> None:
+    # The walk is what the checks stand on: a lazy, nested import must be found.
+    module = tmp_path / "probe.py"
+    module.write_text("def f():\n    if True:\n        from distinit.init import setup\n        import torch\n")
+    assert {"distinit.init", "distinit.init.setup", "torch"} <= _imports(module)
