@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from distinit.env._draft import Draft, Vars
 from distinit.env._model import Launcher
+from distinit.env._port import PORT_MAX, PORT_MIN
+from distinit.env._text import decimal, quoted
 from distinit.errors import ConflictingEnvError, MalformedEnvError
 
 _AZURE_MARKERS = (
@@ -42,11 +44,16 @@ def _json(v: Vars, name: str) -> object:
     try:
         return json.loads(text or "")
     except json.JSONDecodeError as exc:
-        raise MalformedEnvError(
-            f"{name} is not valid JSON ({exc.msg} at position {exc.pos}).",
-            variables=(name,),
-            fix=f"do not override {name}; the platform sets it.",
-        ) from None
+        problem = f"{exc.msg} at position {exc.pos}"
+    except ValueError:  # an integer of more than 4300 digits
+        problem = "a number too long to read"
+    except RecursionError:
+        problem = "nested too deeply"
+    raise MalformedEnvError(
+        f"{name} is not valid JSON ({problem}).",
+        variables=(name,),
+        fix=f"do not override {name}; the platform sets it.",
+    )
 
 
 def _sagemaker(v: Vars) -> Platform | None:
@@ -55,7 +62,7 @@ def _sagemaker(v: Vars) -> Platform | None:
     hosts = _json(v, "SM_HOSTS")
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) and h for h in hosts):
         raise MalformedEnvError(
-            f"SM_HOSTS={v.raw('SM_HOSTS')!r} is not a non-empty JSON list of host names.",
+            f"SM_HOSTS={v.quoted('SM_HOSTS')} is not a non-empty JSON list of host names.",
             variables=("SM_HOSTS",),
             fix="do not override SM_HOSTS; SageMaker sets it.",
         )
@@ -64,7 +71,7 @@ def _sagemaker(v: Vars) -> Platform | None:
     if current_name is not None:
         if current_name not in hosts:
             raise ConflictingEnvError(
-                f"SM_CURRENT_HOST={current_name!r} is not in SM_HOSTS={v.raw('SM_HOSTS')!r}.",
+                f"SM_CURRENT_HOST={v.quoted('SM_CURRENT_HOST')} is not in SM_HOSTS={v.quoted('SM_HOSTS')}.",
                 variables=("SM_CURRENT_HOST", "SM_HOSTS"),
                 fix="do not override SM_CURRENT_HOST or SM_HOSTS; SageMaker sets them.",
             )
@@ -93,31 +100,71 @@ def _vertex(v: Vars) -> Platform | None:
             variables=("CLUSTER_SPEC",),
             fix="do not override CLUSTER_SPEC; Vertex AI sets it for custom training jobs.",
         )
-    hosts = [str(entry) for entry in (*chief, *workers)]
-    task_type, index = task.get("type"), task.get("index", 0)
-    if task_type not in ("workerpool0", "workerpool1") or not isinstance(index, int):
+    hosts = [*chief, *workers]
+    if not all(isinstance(entry, str) and entry.strip() for entry in hosts):
         raise MalformedEnvError(
-            f"CLUSTER_SPEC task {task!r} is not a training replica (workerpool0 or workerpool1).",
+            "CLUSTER_SPEC lists a replica that is not a 'host:port' string.",
             variables=("CLUSTER_SPEC",),
-            why="reduction servers (workerpool2) and evaluators (workerpool3) are not part of the torch world.",
-            fix="run the training code only in worker pools 0 and 1.",
+            fix="do not override CLUSTER_SPEC; Vertex AI sets it for custom training jobs.",
         )
-    current = index if task_type == "workerpool0" else len(chief) + index
-    if current >= len(hosts):
-        raise MalformedEnvError(
-            f"CLUSTER_SPEC task index {index} of {task_type} is outside its host list.",
-            variables=("CLUSTER_SPEC",),
-        )
-    host, _, port_text = hosts[0].rpartition(":")
+    current = _vertex_replica(task, chief=len(chief), workers=len(workers))
+    master_addr, master_port = _host_port(hosts[0])
     return Platform(
         "vertex",
         hosts=tuple(hosts),
         hosts_var="CLUSTER_SPEC",
         current=current,
-        master_addr=host or hosts[0],
+        master_addr=master_addr,
         master_var="CLUSTER_SPEC",
-        master_port=int(port_text) if host and port_text.isdigit() and 0 < int(port_text) < 65536 else None,
+        master_port=master_port,
     )
+
+
+def _vertex_replica(task: dict[str, object], *, chief: int, workers: int) -> int:
+    """This replica's index in the chief-then-workers host list; it must lie in its own pool."""
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task_type not in ("workerpool0", "workerpool1") or not isinstance(index, int) or isinstance(index, bool):
+        raise MalformedEnvError(
+            f"CLUSTER_SPEC task type {_shown(task_type)} with index {_shown(index)} is not a training replica "
+            "(workerpool0 or workerpool1).",
+            variables=("CLUSTER_SPEC",),
+            why="reduction servers (workerpool2) and evaluators (workerpool3) are not part of the torch world.",
+            fix="run the training code only in worker pools 0 and 1.",
+        )
+    size = chief if task_type == "workerpool0" else workers
+    if not 0 <= index < size:
+        shown = index if abs(index) < 10**20 else "a number of more than 20 digits"
+        raise MalformedEnvError(
+            f"CLUSTER_SPEC task index {shown} of {task_type} is outside its host list of {size} replicas.",
+            variables=("CLUSTER_SPEC",),
+            why="another replica would get the same rank.",
+            fix="do not override CLUSTER_SPEC; Vertex AI sets it for custom training jobs.",
+        )
+    return index if task_type == "workerpool0" else chief + index
+
+
+def _shown(value: object) -> str:
+    """A JSON scalar as written; a container by its type only (its repr could be huge or nested deeply)."""
+    if isinstance(value, str):
+        return quoted(value)
+    if isinstance(value, (int, float, bool)) or value is None:
+        return json.dumps(value)[:40]
+    return f"<a JSON {type(value).__name__}>"
+
+
+def _host_port(entry: str) -> tuple[str, int | None]:
+    """``'host:port'`` → (host, port), ``'host'`` → (host, None); a missing host or a bad port is an error."""
+    host, sep, port_text = entry.strip().rpartition(":")
+    if not sep:
+        return entry.strip(), None
+    port = decimal(port_text)
+    if not host or port is None or not PORT_MIN <= port <= PORT_MAX:
+        raise MalformedEnvError(
+            f"CLUSTER_SPEC's first replica {quoted(entry)} is not 'host:port' with a TCP port ({PORT_MIN}-{PORT_MAX}).",
+            variables=("CLUSTER_SPEC",),
+            fix="do not override CLUSTER_SPEC; Vertex AI sets it for custom training jobs.",
+        )
+    return host, port
 
 
 def _azure(v: Vars) -> Platform | None:
@@ -125,14 +172,22 @@ def _azure(v: Vars) -> Platform | None:
         return None
     multi = v.text("AZ_BATCH_MASTER_NODE")
     if multi is not None:
-        return Platform("azureml", master_addr=multi.rsplit(":", 1)[0], master_var="AZ_BATCH_MASTER_NODE")
+        host = multi.rsplit(":", 1)[0].strip()
+        if not host:
+            raise MalformedEnvError(
+                f"AZ_BATCH_MASTER_NODE={v.quoted('AZ_BATCH_MASTER_NODE')} has no host name.",
+                variables=("AZ_BATCH_MASTER_NODE",),
+                why="Azure ML writes it as 'host:port' for the node of rank 0.",
+                fix="do not override AZ_BATCH_MASTER_NODE, or export MASTER_ADDR.",
+            )
+        return Platform("azureml", master_addr=host, master_var="AZ_BATCH_MASTER_NODE")
     single = v.text("AZ_BATCHAI_MPI_MASTER_NODE")
     if single is not None:
         return Platform("azureml", master_addr=single, master_var="AZ_BATCHAI_MPI_MASTER_NODE")
     return Platform("azureml")
 
 
-def platform(v: Vars) -> Platform | None:
+def read(v: Vars) -> Platform | None:
     """The cloud platform this process runs on, if its variables say so."""
     return _sagemaker(v) or _vertex(v) or _azure(v)
 
@@ -180,11 +235,12 @@ def prelaunch(v: Vars) -> tuple[str, str] | None:
         value = v.text(name)
         if value is None or (name == "NPROC_PER_NODE" and not v.has("RANK", "WORLD_SIZE")):
             continue
-        if value.isdigit() and int(value) <= 1:
+        count = decimal(value)
+        if count is not None and count <= 1:
             continue
         return name, (
-            f"{name}={value!r} without TORCHELASTIC_RUN_ID: this is {platform_name}'s pre-launch environment, where "
-            f"RANK={v.raw('RANK')!r} is the pod (node) index and WORLD_SIZE={v.raw('WORLD_SIZE')!r} counts the "
+            f"{name}={v.quoted(name)} without TORCHELASTIC_RUN_ID: this is {platform_name}'s pre-launch environment, "
+            f"where RANK={v.quoted('RANK')} is the pod (node) index and WORLD_SIZE={v.quoted('WORLD_SIZE')} counts the "
             "processes torchrun is expected to start."
         )
     return None

@@ -2,27 +2,21 @@
 
 Every launcher module reads through :class:`Vars`, so a bad value always produces the same
 ``MalformedEnvError`` naming the variable, and fills a :class:`Draft`, so every value carries
-the variables (or the rule) it came from.
+the variables (or the rule) it came from. :func:`single` and :func:`not_launched` build the
+one-process world that several launchers fall back to.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from distinit.env._model import Launcher
-from distinit.errors import IncompleteEnvError, MalformedEnvError
+from distinit.env._text import decimal, quoted
+from distinit.errors import IncompleteEnvError, MalformedEnvError, NotLaunchedError
 
-_INTEGER = re.compile(r"-?[0-9]+")
 #: torch stores ranks and sizes in C ints.
 _INT_MAX = 2**31 - 1
-
-#: Deterministic ports land here: above the classic 10000-19999 service ports that Lightning and
-#: ignite use (15000 + job id digits), below Linux's default ephemeral range (32768-60999) so the
-#: kernel never hands the port to an outgoing connection (NVIDIA/enroot#243).
-PORT_RANGE = (20000, 32767)
 
 
 class Vars:
@@ -43,6 +37,11 @@ class Vars:
         """The value as set, or ``None``."""
         return self._environ.get(name)
 
+    def quoted(self, name: str) -> str:
+        """The value as set, quoted for a message (cut when long); ``None`` when unset."""
+        value = self._environ.get(name)
+        return "None" if value is None else quoted(value)
+
     def text(self, name: str) -> str | None:
         """The value with surrounding whitespace removed; ``None`` when unset.
 
@@ -55,7 +54,7 @@ class Vars:
         stripped = value.strip()
         if not stripped:
             raise MalformedEnvError(
-                f"{name}={value!r} is empty.",
+                f"{name}={quoted(value)} is empty.",
                 variables=(name,),
                 why="an empty value usually comes from `export NAME=$UNSET_VARIABLE` in a job script.",
                 fix=f"unset {name} or give it a value.",
@@ -79,16 +78,18 @@ class Vars:
         value = self.text(name)
         if value is None:
             return None
-        if _INTEGER.fullmatch(value) is None:
+        magnitude = decimal(value.removeprefix("-"))
+        if magnitude is None:
             raise MalformedEnvError(
-                f"{name}={self._environ[name]!r} is not an integer.",
+                f"{name}={quoted(self._environ[name])} is not an integer.",
                 variables=(name,),
                 fix=f"set {name} to a plain decimal number, or unset it and let the launcher set it.",
             )
-        number = int(value)
+        number = -magnitude if value.startswith("-") else magnitude
         if number < minimum or number > _INT_MAX:
+            shown = number if abs(number) <= _INT_MAX else quoted(value)
             raise MalformedEnvError(
-                f"{name}={number} is out of range: it must be between {minimum} and {_INT_MAX}.",
+                f"{name}={shown} is out of range: it must be between {minimum} and {_INT_MAX}.",
                 variables=(name,),
                 fix=f"check what sets {name}.",
             )
@@ -152,12 +153,27 @@ class Draft:
             self.notes.append(text)
 
 
-def hashed_port(*parts: str) -> int:
-    """A port in 20000-32767 that is a pure function of ``parts`` (job id, step id).
+def single(note: str) -> Draft:
+    """The world of one process that no launcher started (rank 0 of 1 on one node), with ``note``."""
+    draft = Draft(launcher="none", rank=0, world_size=1)
+    draft.sources.update(rank=("rule: not launched",), world_size=("rule: not launched",))
+    draft.put("local_rank", 0, "rule: not launched")
+    draft.put("local_world_size", 1, "rule: not launched")
+    draft.put("node_rank", 0, "rule: not launched")
+    draft.put("num_nodes", 1, "rule: not launched")
+    draft.note(note)
+    return draft
 
-    Identical on every rank (no rank, host or time in the hash) and different for concurrent
-    steps of one job, unlike ``15000 + last 4 digits of the job id``.
+
+def not_launched(
+    what: str, *, strict: bool, variables: tuple[str, ...], why: str, fix: str, job_id: str | None = None
+) -> Draft:
+    """Raise ``NotLaunchedError`` in strict mode; otherwise a single-process world that says why.
+
+    ``variables[0]`` is the variable that shows the job (its value is ``job_id``).
     """
-    digest = hashlib.sha256("\x1f".join(parts).encode()).digest()
-    low, high = PORT_RANGE
-    return low + int.from_bytes(digest[:8], "big") % (high - low + 1)
+    if strict:
+        raise NotLaunchedError(what, variables=variables, why=why, fix=fix)
+    draft = single(f"not launched ({what}); strict=False: running as a single process.")
+    draft.put("job_id", job_id, variables[0])
+    return draft

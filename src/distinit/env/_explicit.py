@@ -2,15 +2,25 @@
 
 The DeepSpeed launcher, Kubeflow's legacy PyTorchJob, Azure ML's PyTorch distribution and users'
 own job scripts export the torch names directly. The names are the same, so the launcher is told
-apart by its other variables (``CROSS_RANK``, ``KUBERNETES_SERVICE_HOST``, ``AZUREML_*``).
+apart by its other variables (``CROSS_RANK``, ``KUBERNETES_SERVICE_HOST``, ``AZUREML_*``). When another
+launcher is the source of the world, :func:`check_agreement` holds the exported names against it.
 """
 
 from __future__ import annotations
 
 from distinit.env._draft import Draft, Vars
-from distinit.errors import IncompleteEnvError
+from distinit.env._port import derived_port
+from distinit.errors import ConflictingEnvError, IncompleteEnvError
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+#: The exported torch variables checked against a launcher that is not itself their source.
+_CHECKED = (
+    ("RANK", "rank"),
+    ("WORLD_SIZE", "world_size"),
+    ("LOCAL_RANK", "local_rank"),
+    ("LOCAL_WORLD_SIZE", "local_world_size"),
+)
 
 
 def read(v: Vars) -> Draft | None:
@@ -106,3 +116,61 @@ def fill_locals(v: Vars, draft: Draft) -> None:
         why="without the local rank, processes on one node cannot pick distinct GPUs.",
         fix="export LOCAL_RANK (and LOCAL_WORLD_SIZE) for every process, or start them with torchrun, srun or mpirun.",
     )
+
+
+def default_port(v: Vars, draft: Draft) -> None:
+    """A port derived from the job id when the exported world has a job but no MASTER_PORT."""
+    if draft.master_port is None and draft.job_id is not None and not v.has("MASTER_PORT"):
+        draft.put("master_port", derived_port(draft.job_id, "env"), "rule: hash(job id)")
+
+
+def check_agreement(v: Vars, draft: Draft, *, here: str) -> None:
+    """Exported torch variables must agree with the launcher's values; NODE_RANK fills an assumption.
+
+    Raises:
+        ConflictingEnvError: an exported value differs from the launcher's, or NODE_RANK/GROUP_RANK
+            is not below a node count the launcher gives.
+    """
+    launcher = draft.launcher
+    for name, field in _CHECKED:
+        exported = v.integer(name, minimum=1 if name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE") else 0)
+        value = getattr(draft, field)
+        if exported is None or value is None or exported == value:
+            continue
+        source = draft.sources.get(field, ("the launcher",))[0]
+        raise ConflictingEnvError(
+            f"{name}={v.quoted(name)} (exported) disagrees with {source}={value!r} ({launcher}, the innermost "
+            f"launcher){here}.",
+            variables=(name, source),
+            why=f"an `export {name}=...` in the job script is inherited by every process the launcher starts, so "
+            "several processes claim the same value.",
+            fix=f"remove {name} from the job script (distinit reads {launcher}'s variables), or launch with torchrun.",
+        )
+    _node_rank_agreement(v, draft, here=here)
+
+
+def _node_rank_agreement(v: Vars, draft: Draft, *, here: str) -> None:
+    """An exported NODE_RANK/GROUP_RANK replaces an assumed node rank and must equal a known one."""
+    found = v.first_integer("NODE_RANK", "GROUP_RANK")
+    if found is None:
+        return
+    name, exported = found
+    if draft.node_rank is None or not draft.trusted_node_rank:
+        if draft.num_nodes is not None and exported >= draft.num_nodes and draft.trusted_node_rank:
+            raise ConflictingEnvError(
+                f"{name}={exported} (exported) is not below the number of nodes {draft.num_nodes}{here}.",
+                variables=(name, *draft.sources.get("num_nodes", ())),
+                fix=f"export {name} as this node's index, from 0, or unset it.",
+            )
+        draft.put("node_rank", exported, name)
+        draft.trusted_node_rank = True
+        return
+    if exported != draft.node_rank:
+        source = draft.sources["node_rank"][0]
+        raise ConflictingEnvError(
+            f"{name}={exported} (exported) disagrees with {source}={draft.node_rank} ({draft.launcher}){here}.",
+            variables=(name, source),
+            why=f"an `export {name}=...` in the job script is inherited by every node, so several nodes claim the "
+            "same node rank.",
+            fix=f"remove {name} from the job script; distinit takes the node rank from {source}.",
+        )

@@ -50,6 +50,7 @@ class DistEnv(BaseModel):
         notes: assumptions made and warnings, in words.
     """
 
+    __module__ = "distinit.env"  # its public home: reprs and pickles never name a private module
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rank: int = Field(ge=0)

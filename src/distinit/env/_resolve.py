@@ -1,46 +1,181 @@
-"""Precedence between launchers, cross-checks, and the master address and port rules.
+"""Which launcher describes this process: the precedence table, and the checks every world must pass.
 
-Nothing launcher-specific lives here; each family's variables are read by its own module. The order,
-innermost launcher first (a launcher started *inside* another wins, because the outer one's variables
-describe its own helper processes)::
-
-    torchrun > MPI families > explicit RANK/WORLD_SIZE > Slurm step > cloud platforms > nothing
-
-A Slurm step under mpirun/hydra is a daemon step (its SLURM_PROCID is a node index) unless only
-srun's own MPI plugin variables are present and agree with it, in which case srun is the launcher.
+Each launcher family's variables are read by its own module (``read(v) -> candidate | None``); this
+module orders them and checks the result. :data:`PRECEDENCE` lists the rules innermost launcher
+first, and :func:`resolve` takes the world of the first rule that finds one: a launcher started
+*inside* another wins, because the outer one's variables describe its own helper processes. The
+outer launchers present are cross-checked against the winner, and every world must then pass the
+invariants in :func:`_broken` (an impossible world is a ``ConflictingEnvError``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 
-from distinit.env import _cloud, _explicit, _mpi, _slurm, _torchrun
-from distinit.env._draft import Draft, Vars, hashed_port
+from distinit.env import _batch, _cloud, _explicit, _mpi, _slurm, _torchrun
+from distinit.env._draft import Draft, Vars, not_launched, single
+from distinit.env._master import fill_master
 from distinit.env._model import DistEnv
-from distinit.errors import ConflictingEnvError, IncompleteEnvError, MalformedEnvError, NotLaunchedError
+from distinit.env._port import derived_port
+from distinit.errors import ConflictingEnvError, IncompleteEnvError
 
-#: The precedence, innermost launcher first; resolve() follows this order.
-PRECEDENCE = ("torchrun", "mpi", "explicit", "slurm-step", "platform", "none")
 
-#: The explicit torch variables checked against any launcher that is not itself their source.
-_EXPLICIT = (
-    ("RANK", "rank"),
-    ("WORLD_SIZE", "world_size"),
-    ("LOCAL_RANK", "local_rank"),
-    ("LOCAL_WORLD_SIZE", "local_world_size"),
+@dataclass(frozen=True)
+class _Outer:
+    """The launchers whose variables a rule cross-checks against, read together in this order."""
+
+    slurm: _slurm.Slurm | None
+    mpi: _mpi.MpiWorld | None
+    platform: _cloud.Platform | None
+
+
+class _Scene:
+    """One resolution: the variables, the caller's options, and the launchers read so far."""
+
+    def __init__(self, environ: Mapping[str, str], *, strict: bool, here: str) -> None:
+        self.v = Vars(environ)
+        self.strict = strict
+        self.here = here
+
+    @cached_property
+    def outer(self) -> _Outer:
+        # Read only once torchrun and a pre-launch pod are ruled out: their variables make these moot.
+        return _Outer(slurm=_slurm.read(self.v), mpi=_mpi.read(self.v), platform=_cloud.read(self.v))
+
+
+def _torchrun_worker(scene: _Scene) -> Draft | None:
+    """A torchrun worker (``TORCHELASTIC_RUN_ID``): ``SLURM_*``/``OMPI_*`` around it describe its agent."""
+    return _torchrun.read(scene.v)
+
+
+def _prelaunch_pod(scene: _Scene) -> Draft | None:
+    """A Kubeflow/PAI pod whose RANK is a pod index that torchrun was meant to expand."""
+    found = _cloud.prelaunch(scene.v)
+    if found is None:
+        return None
+    variable, what = found
+    return not_launched(
+        what,
+        strict=scene.strict,
+        variables=(variable, "RANK", "WORLD_SIZE"),
+        why="the platform expects torchrun to start the workers, so RANK is not a process rank here.",
+        fix="start the container's command with torchrun (it reads PET_NNODES, PET_NPROC_PER_NODE, "
+        "PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT).",
+    )
+
+
+def _mpi_rank(scene: _Scene) -> Draft | None:
+    """An MPI-family launcher; a Slurm step around it is mpirun's daemon step, unless srun's own plugin."""
+    v, outer = scene.v, scene.outer
+    if outer.mpi is None:
+        return None
+    if outer.slurm is not None and outer.slurm.in_step and outer.mpi.srun_plugin_only:
+        draft = _slurm.plugin_world(v, outer.slurm, outer.mpi)
+        _explicit.check_agreement(v, draft, here=scene.here)
+        return draft
+    draft = _mpi.to_draft(outer.mpi, v)
+    if outer.mpi.get("node_rank") is not None:
+        draft.trusted_node_rank = True
+    if outer.slurm is not None:
+        _slurm.daemon_step_facts(v, outer.slurm, draft, launch_id=_mpi.launch_id(v))
+    else:
+        _batch_job(v, draft)
+    if outer.mpi.launcher == "lsf":
+        _batch.lsf_hosts(v, draft)
+    if outer.platform is not None:
+        _cloud.apply(outer.platform, draft, per_host=False)
+    _explicit.check_agreement(v, draft, here=scene.here)
+    if draft.node_rank is None:
+        _mpi.block_node_rank(draft)
+    return draft
+
+
+def _batch_job(v: Vars, draft: Draft) -> None:
+    """Job id and derived port of an MPI launch outside Slurm: the LSF/PBS job and the launch's own id."""
+    job = _batch.read(v)
+    launch = _mpi.launch_id(v)
+    if job is not None:
+        draft.put("job_id", job.job_id, job.job_var)
+    elif launch is not None:
+        draft.put("job_id", launch, "MPI launch id")
+    parts = [part for part in (None if job is None else job.job_id, launch) if part]
+    if parts:
+        draft.put("master_port", derived_port(*parts), "rule: hash(job id, MPI launch id)")
+
+
+def _exported_rank(scene: _Scene) -> Draft | None:
+    """Exported RANK/WORLD_SIZE (DeepSpeed, Kubeflow, Azure ML, job scripts); in an srun step, checked."""
+    v, outer = scene.v, scene.outer
+    draft = _explicit.read(v)
+    if draft is None:
+        return None
+    if outer.slurm is not None and outer.slurm.in_step:
+        return _slurm.exported_in_step(v, outer.slurm, draft, here=scene.here)
+    _explicit.fill_locals(v, draft)
+    if outer.platform is not None and outer.platform.launcher == draft.launcher:
+        _cloud.apply(outer.platform, draft, per_host=False)
+    _explicit.default_port(v, draft)
+    return draft
+
+
+def _srun_task(scene: _Scene) -> Draft | None:
+    """A task of an srun step (``SLURM_STEP_ID`` and ``SLURM_PROCID``)."""
+    slurm = scene.outer.slurm
+    if slurm is None or not slurm.in_step:
+        return None
+    draft = _slurm.task_world(scene.v, slurm)
+    _explicit.check_agreement(scene.v, draft, here=scene.here)
+    return draft
+
+
+def _slurm_allocation(scene: _Scene) -> Draft | None:
+    """The batch script or a salloc shell of a Slurm job (no step)."""
+    slurm = scene.outer.slurm
+    return None if slurm is None else _slurm.allocation_world(scene.v, slurm, strict=scene.strict)
+
+
+def _platform_host(scene: _Scene) -> Draft | None:
+    """A cloud platform that runs the script once per host (SageMaker, Vertex AI), or only names itself."""
+    platform = scene.outer.platform
+    if platform is None:
+        return None
+    per_host = _cloud.per_host_world(platform)
+    if per_host is not None:
+        return per_host
+    draft = single(f"{platform.launcher} platform variables without a rank or host list: one process.")
+    draft.launcher = platform.launcher
+    return draft
+
+
+def _no_launcher(scene: _Scene) -> Draft:
+    """No launcher: one process, unless stray torch variables claim otherwise."""
+    _reject_partial(scene.v)
+    return single(_batch.batch_note(scene.v) or "no launcher variables found: one process (RANK=0, WORLD_SIZE=1).")
+
+
+#: The precedence, innermost launcher first: resolve() takes the first rule that returns a world.
+#: The last rule always returns one.
+PRECEDENCE: tuple[Callable[[_Scene], Draft | None], ...] = (
+    _torchrun_worker,
+    _prelaunch_pod,
+    _mpi_rank,
+    _exported_rank,
+    _srun_task,
+    _slurm_allocation,
+    _platform_host,
+    _no_launcher,
 )
 
 
 def resolve(environ: Mapping[str, str], *, strict: bool, here: str = "") -> DistEnv:
     """Resolve ``environ`` into a validated :class:`DistEnv` (see ``env_from_scheduler``)."""
-    v = Vars(environ)
-    draft = _torchrun.read(v)
-    if draft is None:
-        draft = _launched_world(v, strict=strict, here=here)
-    _fill_master(v, draft)
+    scene = _Scene(environ, strict=strict, here=here)
+    draft = next(world for world in (rule(scene) for rule in PRECEDENCE) if world is not None)
+    fill_master(scene.v, draft, here=here)
     _validate(draft)
     return DistEnv(
         rank=draft.rank,
@@ -59,97 +194,12 @@ def resolve(environ: Mapping[str, str], *, strict: bool, here: str = "") -> Dist
     )
 
 
-def _launched_world(v: Vars, *, strict: bool, here: str) -> Draft:
-    pre = _cloud.prelaunch(v)
-    if pre is not None:
-        return _not_launched(
-            strict,
-            pre[1],
-            variables=(pre[0], "RANK", "WORLD_SIZE"),
-            why="the platform expects torchrun to start the workers, so RANK is not a process rank here.",
-            fix="start the container's command with torchrun (it reads PET_NNODES, PET_NPROC_PER_NODE, "
-            "PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT).",
-        )
-    slurm = _slurm.read(v)
-    mpi = _mpi.read(v)
-    platform = _cloud.platform(v)
-    if mpi is not None:
-        return _mpi_world(v, mpi, slurm, platform, here)
-    explicit = _explicit.read(v)
-    if explicit is not None:
-        if slurm is not None and slurm.in_step:
-            return _explicit_in_step(v, explicit, slurm, here)
-        _explicit.fill_locals(v, explicit)
-        if platform is not None and platform.launcher == explicit.launcher:
-            _cloud.apply(platform, explicit, per_host=False)
-        _explicit_port(v, explicit)
-        return explicit
-    if slurm is not None and slurm.in_step:
-        draft = _slurm.launching_step(v, slurm)
-        _check_explicit(v, draft, here)
-        return draft
-    if slurm is not None:
-        tasks, sources = _slurm.allocation_tasks(v)
-        if tasks > 1:
-            return _not_launched(
-                strict,
-                f"this process runs in Slurm job {slurm.job_id} ({slurm.job_var} is set) but was not started by srun "
-                f"(SLURM_STEP_ID is absent): it is the batch script or a salloc shell of an allocation of "
-                f"{tasks} tasks ({', '.join(sources) or 'SLURM_JOB_NUM_NODES'}).",
-                variables=(slurm.job_var, "SLURM_STEP_ID", *sources),
-                why=f"without srun only this one process runs; the other {tasks - 1} ranks never arrive and "
-                "init would hang until its timeout.",
-                fix="launch the training command with srun inside the job script (`srun python train.py`), or "
-                "pass strict=False (--no-strict) to run a single process on purpose.",
-                job_id=slurm.job_id,
-            )
-        draft = _single(f"Slurm job {slurm.job_id} with a single task, outside any srun step: one process.")
-        draft.launcher = "slurm"
-        draft.put("job_id", slurm.job_id, slurm.job_var)
-        draft.put("master_port", hashed_port(slurm.job_id, "batch"), "rule: hash(SLURM_JOB_ID, batch)")
-        return draft
-    if platform is not None:
-        per_host = _cloud.per_host_world(platform)
-        if per_host is not None:
-            return per_host
-        draft = _single(f"{platform.launcher} platform variables without a rank or host list: one process.")
-        draft.launcher = platform.launcher
-        return draft
-    _reject_partial(v)
-    if v.has("PBS_JOBID", "PBS_NODEFILE"):
-        return _single("PBS batch script (PBS_JOBID) without mpiexec: one process.")
-    if v.has("LSB_JOBID"):
-        return _single("LSF batch script (LSB_JOBID) without jsrun or mpirun: one process.")
-    return _single("no launcher variables found: one process (RANK=0, WORLD_SIZE=1).")
-
-
-def _single(note: str) -> Draft:
-    draft = Draft(launcher="none", rank=0, world_size=1)
-    draft.sources.update(rank=("rule: not launched",), world_size=("rule: not launched",))
-    draft.put("local_rank", 0, "rule: not launched")
-    draft.put("local_world_size", 1, "rule: not launched")
-    draft.put("node_rank", 0, "rule: not launched")
-    draft.put("num_nodes", 1, "rule: not launched")
-    draft.note(note)
-    return draft
-
-
-def _not_launched(
-    strict: bool, what: str, *, variables: tuple[str, ...], why: str, fix: str, job_id: str | None = None
-) -> Draft:
-    if strict:
-        raise NotLaunchedError(what, variables=variables, why=why, fix=fix)
-    draft = _single(f"not launched ({what}); strict=False: running as a single process.")
-    draft.put("job_id", job_id, variables[0])
-    return draft
-
-
 def _reject_partial(v: Vars) -> None:
     """Stray torch variables without RANK/WORLD_SIZE or a launcher: refuse rather than guess."""
     partial = v.present("LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
     if partial:
         raise IncompleteEnvError(
-            f"{', '.join(f'{name}={v.raw(name)!r}' for name in partial)} set without RANK and WORLD_SIZE or a "
+            f"{', '.join(f'{name}={v.quoted(name)}' for name in partial)} set without RANK and WORLD_SIZE or a "
             "launcher.",
             variables=(*partial, "RANK", "WORLD_SIZE"),
             why="a process cannot know its global rank from a local or node rank (RANK = NODE_RANK * n + "
@@ -158,302 +208,60 @@ def _reject_partial(v: Vars) -> None:
         )
 
 
-def _mpi_world(
-    v: Vars, mpi: _mpi.MpiWorld, slurm: _slurm.Slurm | None, platform: _cloud.Platform | None, here: str
-) -> Draft:
-    if slurm is not None and slurm.in_step and mpi.srun_plugin_only:
-        draft = _slurm.launching_step(v, slurm)
-        for field, target in (("rank", "rank"), ("size", "world_size"), ("local_rank", "local_rank")):
-            value = mpi.get(field)
-            if value is not None and value != getattr(draft, target):
-                source = draft.sources[target][0]
-                raise ConflictingEnvError(
-                    f"{mpi.source(field)}={value} disagrees with {source}={getattr(draft, target)} in srun step "
-                    f"{slurm.job_id}.{slurm.step_id}.",
-                    variables=(mpi.source(field), source),
-                    why="srun's MPI plugin sets both from the same task layout; one of them is stale or exported.",
-                    fix="do not export PMI_*/PMIX_*/SLURM_* variables; launch with srun --mpi=<plugin>.",
-                )
-        if mpi.get("node_rank") is not None and mpi.get("node_rank") != draft.node_rank:
-            raise ConflictingEnvError(
-                f"{mpi.source('node_rank')}={mpi.get('node_rank')} disagrees with SLURM_NODEID={draft.node_rank}.",
-                variables=(mpi.source("node_rank"), "SLURM_NODEID"),
-                fix="do not export PALS_*/SLURM_* variables; launch with srun --mpi=cray_shasta.",
-            )
-        draft.note(f"{', '.join(f.name for f in mpi.families)} variables agree with the srun step (srun --mpi).")
-        _check_explicit(v, draft, here)
-        return draft
-    draft = _mpi.to_draft(mpi, v)
-    if mpi.get("node_rank") is not None:
-        draft.trusted_node_rank = True
-    mpi_job = _mpi.launch_id(v)
-    if slurm is not None:
-        _slurm.daemon_step_facts(v, slurm, draft)
-        draft.put(
-            "master_port",
-            hashed_port(slurm.job_id, "mpi", mpi_job or ""),
-            f"rule: hash({slurm.job_var}, {'MPI launch id' if mpi_job else 'mpi'})",
-        )
-    else:
-        scheduler_job = v.first("LSB_JOBID", "PBS_JOBID")
-        if scheduler_job is not None:
-            draft.put("job_id", scheduler_job[1], scheduler_job[0])
-        elif mpi_job is not None:
-            draft.put("job_id", mpi_job, "MPI launch id")
-        parts = [part for part in (scheduler_job[1] if scheduler_job else None, mpi_job) if part]
-        if parts:
-            draft.put("master_port", hashed_port(*parts), "rule: hash(job id, MPI launch id)")
-    if mpi.launcher == "lsf":
-        _lsf_hosts(v, draft)
-    if platform is not None:
-        _cloud.apply(platform, draft, per_host=False)
-    _check_explicit(v, draft, here)
-    if draft.node_rank is None:
-        _block_node_rank(draft)
-    return draft
+def _broken(draft: Draft) -> tuple[str, tuple[str, ...]] | None:
+    """The first invariant ``draft`` breaks, in words with values and sources, and its fields; else None."""
+    lws, local_rank, nodes, world = draft.local_world_size, draft.local_rank, draft.num_nodes, draft.world_size
 
+    def show(field: str) -> str:
+        return f"{getattr(draft, field)} ({'/'.join(draft.sources.get(field, (field,)))})"
 
-def _lsf_hosts(v: Vars, draft: Draft) -> None:
-    """Rank 0's host and the node count from ``LSB_MCPU_HOSTS`` ('host ncpu' pairs, launch node first)."""
-    text = v.text("LSB_MCPU_HOSTS")
-    if text is None:
-        return
-    words = text.split()
-    if len(words) % 2 or not all(count.isdigit() for count in words[1::2]):
-        raise MalformedEnvError(
-            f"LSB_MCPU_HOSTS={v.raw('LSB_MCPU_HOSTS')!r} is not a list of 'host slots' pairs.",
-            variables=("LSB_MCPU_HOSTS",),
-            fix="do not override LSB_MCPU_HOSTS; LSF sets it.",
-        )
-    hosts = words[0::2]
-    compute = hosts[1:] if len(hosts) > 1 else hosts
-    draft.put("master_addr", compute[0], "LSB_MCPU_HOSTS")
-    if draft.num_nodes is None:
-        draft.put("num_nodes", len(compute), "LSB_MCPU_HOSTS")
-    draft.note("LSB_MCPU_HOSTS: the first host is jsrun's launch node; rank 0 is assumed on the first compute host.")
-
-
-def _block_node_rank(draft: Draft) -> None:
-    """Node rank from the layout: certain on one node, else a block-layout assumption when consistent.
-
-    With the whole world on this node the answer is certain (node 0 of 1). Otherwise the block rule
-    ``(RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE`` applies only when integral and consistent with what is
-    known (a known node count must give uniform nodes); it is recorded in ``notes``. One rank cannot
-    tell a block layout from an uneven or round-robin one (hydra with hosts a:3,b:1 gives rank 3 the
-    view of "4 nodes of 1"), so the assumption can be wrong there: export NODE_RANK in such layouts.
-    """
-    lws, world = draft.local_world_size, draft.world_size
-    if lws is None or draft.local_rank is None:
-        return
-    if lws == world:
-        draft.put("node_rank", 0, "rule: whole world on this node")
-        draft.put("num_nodes", 1, "rule: whole world on this node")
-        draft.trusted_node_rank = True
-        return
-    offset = draft.rank - draft.local_rank
-    if world % lws or offset < 0 or offset % lws:
-        return
-    if draft.num_nodes is not None and draft.num_nodes * lws != world:
-        return
-    draft.put("node_rank", offset // lws, "rule: (RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE")
-    # num_nodes is not derived: with an uneven or round-robin layout one rank cannot see the node count.
-    draft.trusted_node_rank = False
-    draft.note(
-        f"node_rank={offset // lws} assumes a block layout ({lws} consecutive ranks per node); it is wrong for "
-        "uneven hosts and round-robin mappings (mpirun --map-by node). Export NODE_RANK if you map ranks otherwise."
-    )
-
-
-def _explicit_in_step(v: Vars, explicit: Draft, slurm: _slurm.Slurm, here: str) -> Draft:
-    """Explicit RANK/WORLD_SIZE inside an srun step: they must describe the step's own tasks."""
-    draft = _slurm.launching_step(v, slurm)
-    agree = explicit.rank == draft.rank and explicit.world_size == draft.world_size
-    if agree:
-        draft.note("RANK and WORLD_SIZE are also exported and agree with the srun step.")
-        _check_explicit(v, draft, here)
-        return draft
-    if draft.world_size == 1 and (draft.num_nodes or 1) == 1:
-        # A one-task step running its own per-node spawner that exports RANK for its children.
-        explicit.note(
-            f"RANK/WORLD_SIZE were exported inside a one-task srun step ({slurm.job_id}.{slurm.step_id}): "
-            "a process spawner inside the step is assumed to have set them."
-        )
-        explicit.put("job_id", slurm.job_id, slurm.job_var)
-        _explicit.fill_locals(v, explicit)
-        _explicit_port(v, explicit)
-        return explicit
-    variables = (
-        ("RANK", "SLURM_PROCID") if explicit.rank != draft.rank else ("WORLD_SIZE", draft.sources["world_size"][0])
-    )
-    raise ConflictingEnvError(
-        f"RANK={explicit.rank}, WORLD_SIZE={explicit.world_size} (exported) disagree with the srun step: "
-        f"SLURM_PROCID={draft.rank} of {draft.sources['world_size'][0]}={draft.world_size}{here}.",
-        variables=variables,
-        why="an `export RANK=...`/`WORLD_SIZE=...` in the job script is inherited by every task srun starts, "
-        "or the values were computed as NODE_RANK * n + LOCAL_RANK.",
-        fix="remove RANK and WORLD_SIZE from the job script (distinit reads the srun step), or start one torchrun "
-        "per node (torchrun sets TORCHELASTIC_RUN_ID and its own RANK).",
-    )
-
-
-def _explicit_port(v: Vars, draft: Draft) -> None:
-    if draft.master_port is None and draft.job_id is not None and not v.has("MASTER_PORT"):
-        draft.put("master_port", hashed_port(draft.job_id, "env"), "rule: hash(job id)")
-
-
-def _check_explicit(v: Vars, draft: Draft, here: str) -> None:
-    """Exported torch variables must agree with the launcher's values; NODE_RANK fills an assumption."""
-    launcher = draft.launcher
-    for name, field in _EXPLICIT:
-        exported = v.integer(name, minimum=1 if name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE") else 0)
-        value = getattr(draft, field)
-        if exported is None or value is None or exported == value:
-            continue
-        source = draft.sources.get(field, ("the launcher",))[0]
-        raise ConflictingEnvError(
-            f"{name}={v.raw(name)!r} (exported) disagrees with {source}={value!r} ({launcher}, the innermost "
-            f"launcher){here}.",
-            variables=(name, source),
-            why=f"an `export {name}=...` in the job script is inherited by every process the launcher starts, so "
-            "several processes claim the same value.",
-            fix=f"remove {name} from the job script (distinit reads {launcher}'s variables), or launch with torchrun.",
-        )
-    found = v.first_integer("NODE_RANK", "GROUP_RANK")
-    if found is None:
-        return
-    name, exported = found
-    if draft.node_rank is None or not draft.trusted_node_rank:
-        if draft.num_nodes is not None and exported >= draft.num_nodes and draft.trusted_node_rank:
-            raise ConflictingEnvError(
-                f"{name}={exported} (exported) is not below the number of nodes {draft.num_nodes}{here}.",
-                variables=(name, *draft.sources.get("num_nodes", ())),
-                fix=f"export {name} as this node's index, from 0, or unset it.",
-            )
-        draft.put("node_rank", exported, name)
-        draft.trusted_node_rank = True
-        return
-    if exported != draft.node_rank:
-        source = draft.sources["node_rank"][0]
-        raise ConflictingEnvError(
-            f"{name}={exported} (exported) disagrees with {source}={draft.node_rank} ({launcher}){here}.",
-            variables=(name, source),
-            why=f"an `export {name}=...` in the job script is inherited by every node, so several nodes claim the "
-            "same node rank.",
-            fix=f"remove {name} from the job script; distinit takes the node rank from {source}.",
-        )
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _fill_master(v: Vars, draft: Draft) -> None:
-    """MASTER_ADDR: explicit > launcher/platform host > 127.0.0.1 when the world is on this node > None."""
-    address = v.text("MASTER_ADDR")
-    if address is not None:
-        _check_address(address)
-        draft.put("master_addr", address, "MASTER_ADDR")
-    elif draft.master_addr is None:
-        if draft.world_size == 1 or draft.local_world_size == draft.world_size or draft.num_nodes == 1:
-            draft.put("master_addr", "127.0.0.1", "rule: whole world on this node")
-        elif draft.world_size > 1:
-            draft.note(
-                "MASTER_ADDR is unknown: the launcher does not say which host runs rank 0. Pass it to every "
-                "process (e.g. `mpirun -x MASTER_ADDR=<rank 0 host>` or `mpiexec -genv MASTER_ADDR <host>`)."
-            )
-    port = v.integer("MASTER_PORT", minimum=1)
-    if port is not None:
-        if port > 65535:
-            raise MalformedEnvError(
-                f"MASTER_PORT={port} is not a TCP port (1-65535).",
-                variables=("MASTER_PORT",),
-                fix="export MASTER_PORT as a free port, e.g. between 20000 and 32767.",
-            )
-        draft.put("master_port", port, "MASTER_PORT")
-    elif draft.master_port is None and draft.world_size > 1:
-        draft.note("MASTER_PORT is unknown: export MASTER_PORT (the same free port on every process).")
-
-
-def _check_address(address: str) -> None:
-    if any(char.isspace() for char in address) or "://" in address:
-        raise MalformedEnvError(
-            f"MASTER_ADDR={address!r} is not a host name or address.",
-            variables=("MASTER_ADDR",),
-            fix="export MASTER_ADDR as rank 0's host name or IP address, without scheme or spaces.",
-        )
-    host, sep, port = address.rpartition(":")
-    if sep and port.isdigit() and not _is_ipv6(address):
-        raise MalformedEnvError(
-            f"MASTER_ADDR={address!r} includes a port.",
-            variables=("MASTER_ADDR", "MASTER_PORT"),
-            fix=f"export MASTER_ADDR={host} and MASTER_PORT={port} separately.",
-        )
-
-
-def _is_ipv6(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.strip("[]")).version == 6
-    except ValueError:
-        return False
+    local_bound, local_label = ("local_world_size", "local world size") if lws else ("world_size", "world size")
+    checks = (
+        (draft.rank < world, f"rank {show('rank')} is not below the world size {show('world_size')}",
+         ("rank", "world_size")),
+        (lws is None or lws <= world,
+         f"local world size {show('local_world_size')} exceeds the world size {show('world_size')}",
+         ("local_world_size", "world_size")),
+        (local_rank is None or local_rank < (lws or world),
+         f"local rank {show('local_rank')} is not below the {local_label} {show(local_bound)}",
+         ("local_rank", local_bound)),
+        # Every launcher numbers a node's processes in the order of their global ranks, so the local_rank
+        # processes before this one on its node all hold smaller ranks.
+        (local_rank is None or local_rank <= draft.rank,
+         f"local rank {show('local_rank')} exceeds the rank {show('rank')}, which no launcher does",
+         ("local_rank", "rank")),
+        (nodes is None or nodes <= world,
+         f"number of nodes {show('num_nodes')} exceeds the world size {show('world_size')}",
+         ("num_nodes", "world_size")),
+        # This node runs local_world_size processes and every other node at least one.
+        (nodes is None or lws is None or lws + nodes - 1 <= world,
+         f"number of nodes {show('num_nodes')} is more than the world allows: this node runs "
+         f"{show('local_world_size')} of {show('world_size')} processes, which leaves room for at most "
+         f"{world - (lws or 0) + 1} nodes",
+         ("num_nodes", "local_world_size", "world_size")),
+        (nodes is None or draft.node_rank is None or draft.node_rank < nodes,
+         f"node rank {show('node_rank')} is not below the number of nodes {show('num_nodes')}",
+         ("node_rank", "num_nodes")),
+    )  # fmt: skip
+    for holds, what, fields in checks:
+        if not holds:
+            return what, fields
+    return None
 
 
 def _validate(draft: Draft) -> None:
     """Range checks with the variables named, before the model's own backstop validation."""
-    lws = draft.local_world_size
-    # (holds, smaller field, its label, larger field, its label, relation in words)
-    rules = (
-        (draft.rank < draft.world_size, "rank", "rank", "world_size", "the world size", "is not below"),
-        (
-            lws is None or lws <= draft.world_size,
-            "local_world_size",
-            "local world size",
-            "world_size",
-            "the world size",
-            "exceeds",
-        ),
-        (
-            draft.local_rank is None or draft.local_rank < (lws or draft.world_size),
-            "local_rank",
-            "local rank",
-            "local_world_size" if lws else "world_size",
-            "the local world size" if lws else "the world size",
-            "is not below",
-        ),
-        (
-            draft.num_nodes is None or draft.num_nodes <= draft.world_size,
-            "num_nodes",
-            "number of nodes",
-            "world_size",
-            "the world size",
-            "exceeds",
-        ),
-        (
-            draft.num_nodes is None or draft.node_rank is None or draft.node_rank < draft.num_nodes,
-            "node_rank",
-            "node rank",
-            "num_nodes",
-            "the number of nodes",
-            "is not below",
-        ),
+    broken = _broken(draft)
+    if broken is None:
+        return
+    what, fields = broken
+    raise ConflictingEnvError(
+        f"{what}.",
+        variables=tuple(draft.sources.get(field, (field,))[0] for field in fields),
+        why="the launcher variables describe an impossible world; some were probably exported by hand or "
+        "inherited from another job or step.",
+        fix="remove hand-written RANK/WORLD_SIZE/LOCAL_*/NODE_RANK exports and let the launcher set them.",
     )
-    for holds, small, small_label, large, large_label, relation in rules:
-        if holds:
-            continue
-        small_src = "/".join(draft.sources.get(small, (small,)))
-        large_src = "/".join(draft.sources.get(large, (large,)))
-        raise ConflictingEnvError(
-            f"{small_label} {getattr(draft, small)} ({small_src}) {relation} {large_label} "
-            f"{getattr(draft, large)} ({large_src}).",
-            variables=(draft.sources.get(small, (small,))[0], draft.sources.get(large, (large,))[0]),
-            why="the launcher variables describe an impossible world; some were probably exported by hand or "
-            "inherited from another job or step.",
-            fix="remove hand-written RANK/WORLD_SIZE/LOCAL_*/NODE_RANK exports and let the launcher set them.",
-        )
 
 
 def where() -> str:

@@ -1,4 +1,4 @@
-"""Slurm: srun steps, batch scripts, salloc shells, and the daemon steps of mpirun/hydra.
+"""Slurm: srun steps (also through srun's MPI plugins), batch scripts, salloc shells, and mpirun/hydra daemon steps.
 
 Slurm has two scopes. Inside an srun step, ``SLURM_NODELIST``/``SLURM_JOB_NODELIST`` and
 ``SLURM_NTASKS_PER_NODE`` still describe the whole *job*, so a step on a subset of nodes gets a
@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distinit.env._draft import Draft, Vars, hashed_port
+from distinit.env import _explicit
+from distinit.env._draft import Draft, Vars, not_launched, single
 from distinit.env._hostlist import expand_counts, expand_hostlist
+from distinit.env._mpi import MpiWorld
+from distinit.env._port import derived_port
+from distinit.env._text import clipped, decimal
 from distinit.errors import ConflictingEnvError, IncompleteEnvError, MalformedEnvError
 
 _RESTART = "SLURM_RESTART_COUNT"
@@ -28,6 +32,16 @@ class Slurm:
     step_var: str | None
     procid: int | None
     heterogeneous: bool
+
+    @property
+    def job(self) -> str:
+        """The job id for messages (cut when a hostile value is long)."""
+        return clipped(self.job_id)
+
+    @property
+    def step(self) -> str:
+        """``job.step`` for messages (cut when a hostile value is long)."""
+        return clipped(f"{self.job_id}.{self.step_id}")
 
     @property
     def in_step(self) -> bool:
@@ -58,7 +72,7 @@ def read(v: Vars) -> Slurm | None:
     )
 
 
-def allocation_tasks(v: Vars) -> tuple[int, tuple[str, ...]]:
+def _allocation_tasks(v: Vars) -> tuple[int, tuple[str, ...]]:
     """Tasks of the whole allocation (batch script / salloc shell scope) and the variables read."""
     found = v.first_integer("SLURM_NTASKS", "SLURM_NPROCS", minimum=1)
     if found is not None:
@@ -72,7 +86,34 @@ def allocation_tasks(v: Vars) -> tuple[int, tuple[str, ...]]:
     return 1, ()
 
 
-def job_nodes(v: Vars) -> tuple[list[str], str] | None:
+def allocation_world(v: Vars, slurm: Slurm, *, strict: bool) -> Draft:
+    """A process of a Slurm job outside any srun step: the batch script or a salloc shell.
+
+    Raises:
+        NotLaunchedError: strict mode and the allocation has more than one task.
+    """
+    tasks, sources = _allocation_tasks(v)
+    if tasks > 1:
+        return not_launched(
+            f"this process runs in Slurm job {slurm.job} ({slurm.job_var} is set) but was not started by srun "
+            f"(SLURM_STEP_ID is absent): it is the batch script or a salloc shell of an allocation of "
+            f"{tasks} tasks ({', '.join(sources) or 'SLURM_JOB_NUM_NODES'}).",
+            strict=strict,
+            variables=(slurm.job_var, "SLURM_STEP_ID", *sources),
+            why=f"without srun only this one process runs; the other {tasks - 1} ranks never arrive and "
+            "init would hang until its timeout.",
+            fix="launch the training command with srun inside the job script (`srun python train.py`), or "
+            "pass strict=False (--no-strict) to run a single process on purpose.",
+            job_id=slurm.job_id,
+        )
+    draft = single(f"Slurm job {slurm.job} with a single task, outside any srun step: one process.")
+    draft.launcher = "slurm"
+    draft.put("job_id", slurm.job_id, slurm.job_var)
+    draft.put("master_port", derived_port(slurm.job_id, "batch"), "rule: hash(SLURM_JOB_ID, batch)")
+    return draft
+
+
+def _job_nodes(v: Vars) -> tuple[list[str], str] | None:
     """The job's node list (job scope) and the variable it came from."""
     found = v.first("SLURM_JOB_NODELIST", "SLURM_NODELIST")
     if found is None:
@@ -104,14 +145,14 @@ def _gtids(v: Vars) -> list[int] | None:
     text = v.text("SLURM_GTIDS")
     if text is None:
         return None
-    try:
-        return [int(item) for item in text.split(",")]
-    except ValueError:
+    ids = [decimal(item) for item in text.split(",")]
+    if any(number is None for number in ids):
         raise MalformedEnvError(
-            f"SLURM_GTIDS={text!r} is not a comma-separated list of task ids.",
+            f"SLURM_GTIDS={v.quoted('SLURM_GTIDS')} is not a comma-separated list of task ids.",
             variables=("SLURM_GTIDS",),
             fix="check what set SLURM_GTIDS; srun sets it to the global ranks of this node's tasks.",
-        ) from None
+        )
+    return [number for number in ids if number is not None]
 
 
 def _inconsistent(draft: Draft, slurm: Slurm, what: str, variables: tuple[str, ...]) -> None:
@@ -128,14 +169,32 @@ def _inconsistent(draft: Draft, slurm: Slurm, what: str, variables: tuple[str, .
     )
 
 
-def launching_step(v: Vars, slurm: Slurm) -> Draft:
+def task_world(v: Vars, slurm: Slurm) -> Draft:
     """The world of an srun task (srun is the launcher, possibly through --mpi=pmi2/pmix/cray_shasta)."""
+    draft, world_var = _step_size(v, slurm)
+    gtids = _step_local_rank(v, slurm, draft)
+    counts, counts_var, nodes_var = _step_nodes(v, draft)
+    if counts is not None and counts_var is not None:
+        _check_layout(v, slurm, draft, counts=(counts, counts_var), world_var=world_var, nodes_var=nodes_var)
+    _step_local_world(v, slurm, draft, gtids=gtids, counts_var=counts_var, world_var=world_var)
+    _step_master(v, slurm, draft)
+    draft.put(
+        "master_port",
+        derived_port(slurm.job_id, slurm.step_id or ""),
+        "rule: hash(SLURM_JOB_ID, SLURM_STEP_ID)",
+    )
+    draft.put("restart_count", v.integer(_RESTART), _RESTART)
+    return draft
+
+
+def _step_size(v: Vars, slurm: Slurm) -> tuple[Draft, str]:
+    """Rank and world size of the step's task, and the variable that gave the size."""
     if slurm.procid is None or slurm.step_var is None:
-        raise AssertionError("launching_step needs an srun step")  # guarded by Slurm.in_step
+        raise AssertionError("an srun task world needs an srun step")  # guarded by Slurm.in_step
     world = v.first_integer("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", minimum=1)
     if world is None:
         raise IncompleteEnvError(
-            f"srun step {slurm.job_id}.{slurm.step_id} does not say how many tasks it has.",
+            f"srun step {slurm.step} does not say how many tasks it has.",
             variables=("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
             fix="launch with srun (it sets SLURM_STEP_NUM_TASKS), or export WORLD_SIZE.",
         )
@@ -148,7 +207,11 @@ def launching_step(v: Vars, slurm: Slurm) -> Draft:
             f"SLURM_NTASKS={stale} (allocation) differs from SLURM_STEP_NUM_TASKS={world[1]} (this step); "
             "the step value is used."
         )
+    return draft, world[0]
 
+
+def _step_local_rank(v: Vars, slurm: Slurm, draft: Draft) -> list[int] | None:
+    """Local rank from SLURM_LOCALID (else the position in SLURM_GTIDS), checked against SLURM_GTIDS."""
     gtids = _gtids(v)
     local = v.integer("SLURM_LOCALID")
     if local is not None:
@@ -157,82 +220,78 @@ def launching_step(v: Vars, slurm: Slurm) -> Draft:
         draft.put("local_rank", gtids.index(slurm.procid), "SLURM_GTIDS", "SLURM_PROCID")
     else:
         raise IncompleteEnvError(
-            f"srun task {slurm.procid} of step {slurm.job_id}.{slurm.step_id} has no SLURM_LOCALID.",
+            f"srun task {slurm.procid} of step {slurm.step} has no SLURM_LOCALID.",
             variables=("SLURM_LOCALID", "SLURM_GTIDS"),
             fix="launch with srun, which sets SLURM_LOCALID for every task.",
         )
-    if gtids is not None:
-        if slurm.procid not in gtids:
-            raise ConflictingEnvError(
-                f"SLURM_PROCID={slurm.procid} is not among this node's tasks SLURM_GTIDS={v.raw('SLURM_GTIDS')!r}.",
-                variables=("SLURM_PROCID", "SLURM_GTIDS"),
-                why="SLURM_PROCID was probably exported or inherited from another step.",
-                fix="do not export SLURM_PROCID; launch with srun.",
-            )
-        if gtids.index(slurm.procid) != draft.local_rank:
-            raise ConflictingEnvError(
-                f"SLURM_LOCALID={draft.local_rank} but SLURM_PROCID={slurm.procid} is at position "
-                f"{gtids.index(slurm.procid)} of SLURM_GTIDS={v.raw('SLURM_GTIDS')!r}.",
-                variables=("SLURM_LOCALID", "SLURM_PROCID", "SLURM_GTIDS"),
-                fix="do not export SLURM_LOCALID or SLURM_PROCID; launch with srun.",
-            )
+    if gtids is None:
+        return None
+    if slurm.procid not in gtids:
+        raise ConflictingEnvError(
+            f"SLURM_PROCID={slurm.procid} is not among this node's tasks SLURM_GTIDS={v.quoted('SLURM_GTIDS')}.",
+            variables=("SLURM_PROCID", "SLURM_GTIDS"),
+            why="SLURM_PROCID was probably exported or inherited from another step.",
+            fix="do not export SLURM_PROCID; launch with srun.",
+        )
+    if gtids.index(slurm.procid) != draft.local_rank:
+        raise ConflictingEnvError(
+            f"SLURM_LOCALID={draft.local_rank} but SLURM_PROCID={slurm.procid} is at position "
+            f"{gtids.index(slurm.procid)} of SLURM_GTIDS={v.quoted('SLURM_GTIDS')}.",
+            variables=("SLURM_LOCALID", "SLURM_PROCID", "SLURM_GTIDS"),
+            fix="do not export SLURM_LOCALID or SLURM_PROCID; launch with srun.",
+        )
+    return gtids
 
-    node = v.integer("SLURM_NODEID")
-    draft.put("node_rank", node, "SLURM_NODEID")
+
+def _step_nodes(v: Vars, draft: Draft) -> tuple[list[int] | None, str | None, str | None]:
+    """Node rank and node count; returns the tasks-per-node layout, its variable and the node-count variable."""
+    draft.put("node_rank", v.integer("SLURM_NODEID"), "SLURM_NODEID")
     counts, counts_var = _step_layout(v)
     nodes_found = v.first_integer("SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1)
     if nodes_found is not None:
         draft.put("num_nodes", nodes_found[1], nodes_found[0])
     elif counts is not None and counts_var is not None:
         draft.put("num_nodes", len(counts), counts_var)
+    return counts, counts_var, None if nodes_found is None else nodes_found[0]
 
-    if counts is not None and counts_var is not None:
-        if counts_var != "SLURM_STEP_TASKS_PER_NODE":
-            draft.note("SLURM_STEP_TASKS_PER_NODE is absent; SLURM_TASKS_PER_NODE was used for the layout.")
-        if sum(counts) != draft.world_size:
-            _inconsistent(
-                draft,
-                slurm,
-                f"{counts_var}={v.raw(counts_var)!r} adds up to {sum(counts)} tasks, not {world[0]}={draft.world_size}",
-                (counts_var, world[0]),
-            )
-        elif draft.num_nodes is not None and len(counts) != draft.num_nodes and nodes_found is not None:
-            _inconsistent(
-                draft,
-                slurm,
-                f"{counts_var}={v.raw(counts_var)!r} lists {len(counts)} nodes, not {nodes_found[0]}={draft.num_nodes}",
-                (counts_var, nodes_found[0]),
-            )
-        elif node is not None and node >= len(counts):
-            _inconsistent(
-                draft,
-                slurm,
-                f"SLURM_NODEID={node} but {counts_var}={v.raw(counts_var)!r} lists {len(counts)} nodes",
-                ("SLURM_NODEID", counts_var),
-            )
-        elif node is not None:
-            draft.put("local_world_size", counts[node], counts_var, "SLURM_NODEID")
+
+def _check_layout(
+    v: Vars, slurm: Slurm, draft: Draft, *, counts: tuple[list[int], str], world_var: str, nodes_var: str | None
+) -> None:
+    """The tasks-per-node layout must add up to the step and list its nodes; it gives the local world size."""
+    layout, name = counts
+    if name != "SLURM_STEP_TASKS_PER_NODE":
+        draft.note("SLURM_STEP_TASKS_PER_NODE is absent; SLURM_TASKS_PER_NODE was used for the layout.")
+    node = draft.node_rank
+    if sum(layout) != draft.world_size:
+        what = f"{name}={v.quoted(name)} adds up to {sum(layout)} tasks, not {world_var}={draft.world_size}"
+        _inconsistent(draft, slurm, what, (name, world_var))
+    elif nodes_var is not None and len(layout) != draft.num_nodes:
+        what = f"{name}={v.quoted(name)} lists {len(layout)} nodes, not {nodes_var}={draft.num_nodes}"
+        _inconsistent(draft, slurm, what, (name, nodes_var))
+    elif node is not None and node >= len(layout):
+        what = f"SLURM_NODEID={node} but {name}={v.quoted(name)} lists {len(layout)} nodes"
+        _inconsistent(draft, slurm, what, ("SLURM_NODEID", name))
+    elif node is not None:
+        draft.put("local_world_size", layout[node], name, "SLURM_NODEID")
+
+
+def _step_local_world(
+    v: Vars, slurm: Slurm, draft: Draft, *, gtids: list[int] | None, counts_var: str | None, world_var: str
+) -> None:
+    """Local world size from SLURM_GTIDS when the layout did not give it (they must agree when both do)."""
     if draft.local_world_size is None and gtids is not None:
         draft.put("local_world_size", len(gtids), "SLURM_GTIDS")
     elif gtids is not None and draft.local_world_size != len(gtids):
         _inconsistent(
             draft,
             slurm,
-            f"SLURM_GTIDS={v.raw('SLURM_GTIDS')!r} lists {len(gtids)} tasks on this node but the layout says "
+            f"SLURM_GTIDS={v.quoted('SLURM_GTIDS')} lists {len(gtids)} tasks on this node but the layout says "
             f"{draft.local_world_size}",
             ("SLURM_GTIDS", counts_var or "SLURM_STEP_TASKS_PER_NODE"),
         )
     if draft.local_world_size is None and draft.world_size == 1:
-        draft.put("local_world_size", 1, world[0])
-
-    _step_master(v, slurm, draft)
-    draft.put(
-        "master_port",
-        hashed_port(slurm.job_id, slurm.step_id or ""),
-        "rule: hash(SLURM_JOB_ID, SLURM_STEP_ID)",
-    )
-    draft.put("restart_count", v.integer(_RESTART), _RESTART)
-    return draft
+        draft.put("local_world_size", 1, world_var)
 
 
 def _step_master(v: Vars, slurm: Slurm, draft: Draft) -> None:
@@ -242,29 +301,24 @@ def _step_master(v: Vars, slurm: Slurm, draft: Draft) -> None:
         return
     hosts = expand_hostlist(found[1], variable=found[0])
     if not hosts:
-        raise MalformedEnvError(f"{found[0]}={v.raw(found[0])!r} lists no hosts.", variables=(found[0],))
+        raise MalformedEnvError(f"{found[0]}={v.quoted(found[0])} lists no hosts.", variables=(found[0],))
     if found[0] != "SLURM_STEP_NODELIST":
         draft.note(f"SLURM_STEP_NODELIST is absent; {found[0]} (job scope) was used to find rank 0's host.")
     elif draft.num_nodes is not None and len(hosts) != draft.num_nodes:
         _inconsistent(
             draft,
             slurm,
-            f"SLURM_STEP_NODELIST={v.raw(found[0])!r} has {len(hosts)} hosts but the step has {draft.num_nodes} nodes",
+            f"SLURM_STEP_NODELIST={v.quoted(found[0])} has {len(hosts)} hosts but the step has {draft.num_nodes} nodes",
             ("SLURM_STEP_NODELIST", *draft.sources.get("num_nodes", ())),
         )
         return
-    name = v.text("SLURMD_NODENAME")
     node = draft.node_rank
-    step_scope = found[0] == "SLURM_STEP_NODELIST" and not slurm.heterogeneous
-    misplaced = name is not None and name in hosts and node is not None and node < len(hosts) and hosts[node] != name
-    if step_scope and misplaced and name is not None:
-        raise ConflictingEnvError(
-            f"SLURMD_NODENAME={name!r} is node {hosts.index(name)} of SLURM_STEP_NODELIST="
-            f"{v.raw('SLURM_STEP_NODELIST')!r}, but SLURM_NODEID={node}.",
-            variables=("SLURMD_NODENAME", "SLURM_NODEID", "SLURM_STEP_NODELIST"),
-            why="SLURM_NODEID was probably exported or inherited from another step.",
-            fix="do not export SLURM_NODEID; launch with srun.",
-        )
+    if node is not None and node >= len(hosts):
+        # SLURM_NODEID counts the step's nodes, and they are among the job's: either list bounds it.
+        what = f"SLURM_NODEID={node} but {found[0]}={v.quoted(found[0])} lists {len(hosts)} nodes"
+        _inconsistent(draft, slurm, what, ("SLURM_NODEID", found[0]))
+    if found[0] == "SLURM_STEP_NODELIST" and not slurm.heterogeneous:
+        _check_node_name(v, hosts, node)
     distribution = (v.raw("SLURM_DISTRIBUTION") or "").strip().lower()
     if distribution.startswith("arbitrary") and len(set(hosts)) > 1:
         draft.note(
@@ -275,7 +329,86 @@ def _step_master(v: Vars, slurm: Slurm, draft: Draft) -> None:
     _aliased(v, hosts[0], draft, found[0])
 
 
-def daemon_step_facts(v: Vars, slurm: Slurm, draft: Draft) -> None:
+def _check_node_name(v: Vars, hosts: list[str], node: int | None) -> None:
+    """This node's name (SLURMD_NODENAME) must sit at index SLURM_NODEID of the step's node list."""
+    name = v.text("SLURMD_NODENAME")
+    if name is None or name not in hosts or node is None or node >= len(hosts) or hosts[node] == name:
+        return
+    raise ConflictingEnvError(
+        f"SLURMD_NODENAME={v.quoted('SLURMD_NODENAME')} is node {hosts.index(name)} of SLURM_STEP_NODELIST="
+        f"{v.quoted('SLURM_STEP_NODELIST')}, but SLURM_NODEID={node}.",
+        variables=("SLURMD_NODENAME", "SLURM_NODEID", "SLURM_STEP_NODELIST"),
+        why="SLURM_NODEID was probably exported or inherited from another step.",
+        fix="do not export SLURM_NODEID; launch with srun.",
+    )
+
+
+def plugin_world(v: Vars, slurm: Slurm, mpi: MpiWorld) -> Draft:
+    """An srun step launched through its own MPI plugin (``--mpi=pmi2/pmix/cray_shasta``).
+
+    srun is the launcher; the PMI/PMIx/PALS variables it exports must agree with the step's.
+
+    Raises:
+        ConflictingEnvError: an MPI plugin variable disagrees with the step's value.
+    """
+    draft = task_world(v, slurm)
+    for field, target in (("rank", "rank"), ("size", "world_size"), ("local_rank", "local_rank")):
+        value = mpi.get(field)
+        if value is not None and value != getattr(draft, target):
+            source = draft.sources[target][0]
+            raise ConflictingEnvError(
+                f"{mpi.source(field)}={value} disagrees with {source}={getattr(draft, target)} in srun step "
+                f"{slurm.step}.",
+                variables=(mpi.source(field), source),
+                why="srun's MPI plugin sets both from the same task layout; one of them is stale or exported.",
+                fix="do not export PMI_*/PMIX_*/SLURM_* variables; launch with srun --mpi=<plugin>.",
+            )
+    if mpi.get("node_rank") is not None and mpi.get("node_rank") != draft.node_rank:
+        raise ConflictingEnvError(
+            f"{mpi.source('node_rank')}={mpi.get('node_rank')} disagrees with SLURM_NODEID={draft.node_rank}.",
+            variables=(mpi.source("node_rank"), "SLURM_NODEID"),
+            fix="do not export PALS_*/SLURM_* variables; launch with srun --mpi=cray_shasta.",
+        )
+    draft.note(f"{', '.join(f.name for f in mpi.families)} variables agree with the srun step (srun --mpi).")
+    return draft
+
+
+def exported_in_step(v: Vars, slurm: Slurm, exported: Draft, *, here: str) -> Draft:
+    """Exported RANK/WORLD_SIZE inside an srun step: they must describe the step's own tasks.
+
+    Raises:
+        ConflictingEnvError: they disagree with a step of more than one task.
+    """
+    draft = task_world(v, slurm)
+    if exported.rank == draft.rank and exported.world_size == draft.world_size:
+        draft.note("RANK and WORLD_SIZE are also exported and agree with the srun step.")
+        _explicit.check_agreement(v, draft, here=here)
+        return draft
+    if draft.world_size == 1 and (draft.num_nodes or 1) == 1:
+        # A one-task step running its own per-node spawner that exports RANK for its children.
+        exported.note(
+            f"RANK/WORLD_SIZE were exported inside a one-task srun step ({slurm.step}): "
+            "a process spawner inside the step is assumed to have set them."
+        )
+        exported.put("job_id", slurm.job_id, slurm.job_var)
+        _explicit.fill_locals(v, exported)
+        _explicit.default_port(v, exported)
+        return exported
+    variables = (
+        ("RANK", "SLURM_PROCID") if exported.rank != draft.rank else ("WORLD_SIZE", draft.sources["world_size"][0])
+    )
+    raise ConflictingEnvError(
+        f"RANK={exported.rank}, WORLD_SIZE={exported.world_size} (exported) disagree with the srun step: "
+        f"SLURM_PROCID={draft.rank} of {draft.sources['world_size'][0]}={draft.world_size}{here}.",
+        variables=variables,
+        why="an `export RANK=...`/`WORLD_SIZE=...` in the job script is inherited by every task srun starts, "
+        "or the values were computed as NODE_RANK * n + LOCAL_RANK.",
+        fix="remove RANK and WORLD_SIZE from the job script (distinit reads the srun step), or start one torchrun "
+        "per node (torchrun sets TORCHELASTIC_RUN_ID and its own RANK).",
+    )
+
+
+def daemon_step_facts(v: Vars, slurm: Slurm, draft: Draft, *, launch_id: str | None) -> None:
     """Fill what the Slurm job says about an MPI world whose ranks were started by mpirun/hydra.
 
     Inside an allocation, mpirun/hydra start one daemon per node with srun (the "daemon step"), and
@@ -283,35 +416,46 @@ def daemon_step_facts(v: Vars, slurm: Slurm, draft: Draft) -> None:
     ``SLURM_NODEID`` is a node index for every rank only if the daemon step runs one task on each node
     of the job; ranks on mpirun's own node in a batch script see no step at all. Rank 0 runs on the
     first node of the job under mpirun's and hydra's default mapping: that is an assumption, noted.
+    ``launch_id`` (the MPI launch's id) keeps the ports of two mpiruns in one job apart.
     """
     draft.put("job_id", slurm.job_id, slurm.job_var)
-    job = job_nodes(v)
+    job = _job_nodes(v)
     if slurm.in_step:
-        counts, _ = _step_layout(v)
-        step_nodes = v.first("SLURM_STEP_NODELIST")
-        node = v.integer("SLURM_NODEID")
-        covers_job = (
-            job is not None
-            and step_nodes is not None
-            and expand_hostlist(step_nodes[1], variable="SLURM_STEP_NODELIST") == job[0]
-        )
-        if counts is not None and all(count == 1 for count in counts) and covers_job and node is not None:
-            draft.put("node_rank", node, "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NODELIST")
-            draft.put("num_nodes", len(counts), "SLURM_STEP_TASKS_PER_NODE")
-            draft.trusted_node_rank = True
-            draft.note(
-                f"SLURM_PROCID={slurm.procid} belongs to {draft.launcher}'s launcher daemons (one per node), not to "
-                "this rank; SLURM_NODEID is used as the node rank."
-            )
-        else:
-            draft.note(
-                f"SLURM_PROCID={slurm.procid} belongs to {draft.launcher}'s launcher daemons, not to this rank; it "
-                "is ignored."
-            )
+        _daemon_node_rank(v, slurm, draft, job_hosts=None if job is None else job[0])
     on_one_node = draft.local_world_size is not None and draft.local_world_size == draft.world_size
     if job is not None and job[0] and draft.master_addr is None and not on_one_node:
         _aliased(v, job[0][0], draft, job[1])
         draft.note(
             f"MASTER_ADDR is the first node of the job ({job[0][0]}), assuming {draft.launcher} placed rank 0 there "
             "(its default mapping); export MASTER_ADDR if you map ranks otherwise."
+        )
+    draft.put(
+        "master_port",
+        derived_port(slurm.job_id, "mpi", launch_id or ""),
+        f"rule: hash({slurm.job_var}, {'MPI launch id' if launch_id else 'mpi'})",
+    )
+
+
+def _daemon_node_rank(v: Vars, slurm: Slurm, draft: Draft, *, job_hosts: list[str] | None) -> None:
+    """SLURM_NODEID is the node rank when the daemon step runs one task on every node of the job."""
+    counts, _ = _step_layout(v)
+    step_nodes = v.first("SLURM_STEP_NODELIST")
+    node = v.integer("SLURM_NODEID")
+    covers_job = (
+        job_hosts is not None
+        and step_nodes is not None
+        and expand_hostlist(step_nodes[1], variable="SLURM_STEP_NODELIST") == job_hosts
+    )
+    if counts is not None and all(count == 1 for count in counts) and covers_job and node is not None:
+        draft.put("node_rank", node, "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NODELIST")
+        draft.put("num_nodes", len(counts), "SLURM_STEP_TASKS_PER_NODE")
+        draft.trusted_node_rank = True
+        draft.note(
+            f"SLURM_PROCID={slurm.procid} belongs to {draft.launcher}'s launcher daemons (one per node), not to "
+            "this rank; SLURM_NODEID is used as the node rank."
+        )
+    else:
+        draft.note(
+            f"SLURM_PROCID={slurm.procid} belongs to {draft.launcher}'s launcher daemons, not to this rank; it "
+            "is ignored."
         )

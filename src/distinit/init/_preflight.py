@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
-from distinit.errors import IncompleteEnvError, MalformedEnvError
+from distinit.env._port import check_port
+from distinit.errors import IncompleteEnvError
 from distinit.init import _messages
 
 _IFNAME_VARIABLES = {"gloo": ("GLOO_SOCKET_IFNAME",), "nccl": ("NCCL_SOCKET_IFNAME",)}
@@ -33,13 +34,8 @@ def check_master(*, master_addr: str | None, master_port: int | None, world_size
             fix="export MASTER_ADDR (rank 0's host) and MASTER_PORT (a free port, one per job), or launch with "
             "torchrun/srun so distinit.env_from_scheduler() derives them.",
         )
-    if master_port is not None and not 1 <= master_port <= 65535:
-        raise MalformedEnvError(
-            f"rank {rank}: MASTER_PORT={master_port!r} is not a TCP port (1..65535).",
-            variables=("MASTER_PORT",),
-            why="a typo, or a port computed from a job id without a modulo.",
-            fix="set MASTER_PORT to a free port between 1024 and 65535.",
-        )
+    if master_port is not None:
+        check_port(master_port, where=f" (rank {rank})")
 
 
 def check_backend(backend: str, *, rank: int) -> None:
