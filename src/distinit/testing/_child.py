@@ -1,10 +1,13 @@
 """The rank side of ``run_distributed``: a worker process that runs tasks sent by the parent.
 
 A worker is started through the ``forkserver`` start method (torch is preloaded there, so a rank
-starts in tens of milliseconds). It puts itself in its own process group, so the parent can kill
-the whole rank tree with one ``killpg``, registers ``faulthandler`` on ``SIGUSR1`` so the parent can
-ask for its Python stacks, then loops: receive a :class:`Task`, run it, report. A one-shot worker
-exits after its task; a pooled worker (``reuse=True``) waits for the next one.
+starts in tens of milliseconds). It puts itself in its own process group (a ^C in the terminal
+reaches the test process, which tears the ranks down, not the ranks directly) and makes itself a
+child subreaper, so everything it spawns stays in its tree (``_tree``), even descendants that start
+their own session. It registers ``faulthandler`` on ``SIGUSR1`` so the parent can ask for its
+Python stacks, then loops: receive a :class:`Task`, run it, report. A one-shot worker exits after
+its task; a pooled worker (``reuse=True``) waits for the next one. Exiting, it kills and reaps
+what it spawned.
 
 Messages to the parent are tuples of plain values (``("phase", name)``, ``("ok", bytes)``,
 ``("error", phase, type_name, message, traceback_text)``, ``("skip", reason)``). The return value
@@ -32,6 +35,9 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TextIO
+
+from distinit._foreign import first_line
+from distinit.testing._tree import become_subreaper, reap_own_tree
 
 __all__ = ["ModuleHint", "Task", "worker_main"]
 
@@ -77,6 +83,7 @@ def worker_main(conn: Connection, parent_pid: int, reuse: bool) -> None:
     """Run tasks received on ``conn`` until told to stop (``None``) or after one task when not reusing."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    become_subreaper()
     _die_with_parent(parent_pid)
     while True:
         try:
@@ -100,7 +107,7 @@ def worker_main(conn: Connection, parent_pid: int, reuse: bool) -> None:
 
 
 def _exit_process() -> None:
-    """Exit like a normal interpreter would: atexit handlers, flushed streams, their exit status."""
+    """Exit like a normal interpreter would (atexit handlers, flushed streams), leaving no descendant behind."""
     code = 0
     try:
         atexit._run_exitfuncs()
@@ -109,11 +116,12 @@ def _exit_process() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    reap_own_tree()
     os._exit(code)
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Kill this rank's process group when the test process dies (pytest-timeout's thread method, ^C)."""
+    """Kill this rank and its descendants when the test process dies (pytest-timeout's thread method, ^C)."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -131,8 +139,7 @@ def _die_with_parent(parent_pid: int) -> None:
             except PermissionError:
                 gone = False
             if gone:
-                with contextlib.suppress(OSError):
-                    os.killpg(os.getpgid(0), signal.SIGKILL)
+                reap_own_tree(timeout=1.0)
                 os._exit(1)
 
     threading.Thread(target=watch, name="distinit-parent-watch", daemon=True).start()
@@ -211,7 +218,7 @@ def _exec_file(name: str, file: str, *, rewrite: bool) -> None:
 
 
 def _connect_store(task: Task) -> Any:
-    from torch._C._distributed_c10d import FileStore, PrefixStore, Store, TCPStore
+    from torch.distributed import FileStore, PrefixStore, Store, TCPStore
 
     kind, where, port = task.store
     timeout = timedelta(seconds=task.timeout)
@@ -244,21 +251,7 @@ def _run_task(conn: Connection, task: Task) -> bool:
         if task.init:
             phase = "init"
             conn.send(("phase", phase))
-            from torch import distributed as dist
-
-            if task.gpus_per_rank > 0 and torch.cuda.is_available():
-                torch.cuda.set_device(task.rank * task.gpus_per_rank)
-            dist.init_process_group(
-                task.backend,
-                store=_connect_store(task),
-                rank=task.rank,
-                world_size=task.world_size,
-                timeout=timedelta(seconds=task.timeout),
-            )
-            # gloo's init can return on one rank before its peers finished connectFullMesh; a rank
-            # that then finishes the test and exits fails its peers' init ("Connection closed by
-            # peer", seen under xdist). One barrier makes every rank fully connected first.
-            dist.barrier()
+            _init_group(task)
         phase = "run"
         conn.send(("phase", phase))
         result = fn(*args, **kwargs)
@@ -277,7 +270,7 @@ def _run_task(conn: Connection, task: Task) -> bool:
         if outcome is not None:
             conn.send(outcome)
         else:
-            conn.send(("error", phase, _type_name(exc), _first_line(exc), _format_exception(exc)))
+            conn.send(("error", phase, _type_name(exc), _summary_line(exc), _format_exception(exc)))
         return False
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -291,6 +284,26 @@ def _run_task(conn: Connection, task: Task) -> bool:
         os.environ.update(saved_env)
         with contextlib.suppress(OSError):
             os.chdir(saved_cwd)
+
+
+def _init_group(task: Task) -> None:
+    """Form the default process group of this run on the run's store."""
+    import torch
+    from torch import distributed as dist
+
+    if task.gpus_per_rank > 0 and torch.cuda.is_available():
+        torch.cuda.set_device(task.rank * task.gpus_per_rank)
+    dist.init_process_group(
+        task.backend,
+        store=_connect_store(task),
+        rank=task.rank,
+        world_size=task.world_size,
+        timeout=timedelta(seconds=task.timeout),
+    )
+    # gloo's init can return on one rank before its peers finished connectFullMesh; a rank that
+    # then finishes the test and exits fails its peers' init ("Connection closed by peer", seen
+    # under xdist). One barrier makes every rank fully connected first.
+    dist.barrier()
 
 
 def _teardown_group() -> None:
@@ -319,11 +332,11 @@ def _type_name(exc: BaseException) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _first_line(exc: BaseException) -> str:
+def _summary_line(exc: BaseException) -> str:
+    """The exception's first line for the summary (empty when it has no text; ``sys.exit(3)`` for SystemExit)."""
     if isinstance(exc, SystemExit):
         return f"sys.exit({exc.code!r})"
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+    return first_line(str(exc), empty="")
 
 
 def _format_exception(exc: BaseException) -> str:

@@ -49,7 +49,6 @@ class RankOutcome:
     conn_closed: bool = False
     verdict: str | None = None  # set by the parent: "hung", "stopped" or "interrupted"
     failed_seq: int = 0  # order in which the parent saw ranks fail (0 = not failed)
-    ended_at: float | None = None
     stdout: str = ""
     stderr: str = ""
     stack: str = ""
@@ -223,9 +222,16 @@ def _why_fix(failed: list[RankOutcome]) -> tuple[str, str]:
             "a rank died from a signal (a native crash prints its Python stack to that rank's stderr)",
             "read the rank's stderr below; SIGKILL without a crash usually means the OOM killer or a kill",
         )
-    if any(o.error is None and o.exitcode not in (None,) for o in failed):
+    exited = {o.exitcode for o in failed if o.error is None and o.skip is None and o.exitcode is not None}
+    if exited - {0}:
         return (
             "a rank's process exited with a non-zero status (os._exit, an atexit handler, or a crash in teardown)",
             "a rank must return from the test function and exit with status 0",
+        )
+    if exited:
+        return (
+            "a rank's process exited with status 0 before finishing the test body (os._exit(0), or an "
+            "exit from another thread), so it never returned a result",
+            "a rank must return from the test function; do not end its process from the test",
         )
     return "", ""

@@ -1,20 +1,19 @@
 """The parent side of ``run_distributed``: start ranks, watch them, tear them down, report.
 
-Ranks are ``forkserver`` children. The fork server preloads torch once per test process, so after
-the first call a rank starts in tens of milliseconds instead of paying the 1.3-1.8 s torch import.
-Rendezvous is race-free: a ``FileStore`` in a fresh temporary directory (no port at all), or, when
-the ranks must find ``MASTER_ADDR``/``MASTER_PORT`` themselves (``init=False``), a ``TCPStore`` that
-this process binds to port 0 and keeps open while the ranks connect as clients.
+Ranks are ``forkserver`` children (``_supervise``). The fork server preloads torch once per test
+process, so after the first call a rank starts in tens of milliseconds instead of paying the
+1.3-1.8 s torch import. Rendezvous is race-free: a ``FileStore`` in a fresh temporary directory (no
+port at all), or, when the ranks must find ``MASTER_ADDR``/``MASTER_PORT`` themselves
+(``init=False``), a ``TCPStore`` that this process binds to port 0 and keeps open while the ranks
+connect as clients.
 
 This module imports no torch at import time (the plugin is loaded into every pytest session).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
@@ -22,172 +21,30 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.context import ForkServerContext
-from multiprocessing.process import BaseProcess
+from datetime import timedelta
 from types import ModuleType
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
-from distinit.testing._child import ModuleHint, Task, worker_main
+from distinit._duration import to_seconds
+from distinit.testing._child import ModuleHint, Task
+from distinit.testing._output import read_tail, wait_for_dumps
+from distinit.testing._pool import Pool, acquire, release
 from distinit.testing._report import RankOutcome, build_error, prefix_lines
+from distinit.testing._supervise import RankProcess, start_ranks, stop_all
 
-__all__ = ["DistWorld", "close_pools", "run_distributed", "run_with_modules", "warm_up"]
+__all__ = ["DistWorld", "run_distributed", "run_with_modules"]
 
 log = logging.getLogger("distinit.testing")
 
 #: How long the other ranks may still report after the first failure before they are torn down.
 FAILURE_GRACE = 0.5
-#: How long to wait for a faulthandler stack dump of a rank being torn down.
-STACK_DUMP_WAIT = 1.0
-#: How long to wait for a killed rank to be reaped.
-REAP_WAIT = 2.0
 #: How long the ranks may take to start (the fork server imports torch once per test process; on an
 #: overloaded machine that alone took 10 s). The ``timeout`` of a run starts when every rank runs.
 STARTUP_TIMEOUT = 120.0
-
-_PRELOAD = ["torch", "torch.distributed", "distinit.testing._child"]
-_lock = threading.Lock()
-_pools: dict[tuple[int, str], _Pool] = {}
-
-
-def _context() -> ForkServerContext:
-    return multiprocessing.get_context("forkserver")
-
-
-def warm_up() -> None:
-    """Start the fork server (it imports torch in the background) so the first test does not wait as long.
-
-    Idempotent and cheap to call; does nothing if the fork server already runs.
-    """
-    with _lock:
-        ctx = _context()
-        ctx.set_forkserver_preload(_preload())
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
-
-
-def _preload() -> list[str]:
-    names = list(_PRELOAD)
-    if "pytest" in sys.modules:
-        names.append("_pytest.assertion.rewrite")
-    return names
-
-
-@dataclass
-class _Worker:
-    process: BaseProcess
-    conn: multiprocessing.connection.Connection
-    dead: bool = False
-
-    @property
-    def pid(self) -> int:
-        pid = self.process.pid
-        if pid is None:
-            raise RuntimeError("worker process was never started")
-        return pid
-
-    def kill(self) -> None:
-        """SIGKILL the worker's whole process group (and the worker, if it never made its group)."""
-        for killer in (os.killpg, os.kill):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                killer(self.pid, signal.SIGKILL)
-        self.dead = True
-
-    def reap(self, timeout: float) -> None:
-        self.process.join(timeout)
-        with contextlib.suppress(OSError):
-            self.conn.close()
-
-
-def _start_workers(world_size: int, *, reuse: bool) -> list[_Worker]:
-    ctx = _context()
-    with _lock:
-        ctx.set_forkserver_preload(_preload())
-    workers: list[_Worker] = []
-    try:
-        for rank in range(world_size):
-            parent_end, child_end = ctx.Pipe(duplex=True)
-            process = ctx.Process(
-                target=worker_main,
-                args=(child_end, os.getpid(), reuse),
-                name=f"distinit-rank{rank}",
-                daemon=False,
-            )
-            process.start()  # blocks until the fork server has imported torch (first time only)
-            child_end.close()
-            workers.append(_Worker(process, parent_end))
-    except BaseException:
-        for worker in workers:  # interrupted (pytest-timeout, ^C): leave nothing behind
-            worker.kill()
-            worker.reap(REAP_WAIT)
-        raise
-    return workers
-
-
-@dataclass
-class _Pool:
-    """Ranks kept alive between calls (``reuse=True``). Replaced after any failure."""
-
-    world_size: int
-    workers: list[_Worker] = field(default_factory=list)
-
-    def alive(self) -> bool:
-        return bool(self.workers) and all(w.process.is_alive() and not w.dead for w in self.workers)
-
-    def close(self) -> None:
-        for worker in self.workers:
-            with contextlib.suppress(OSError, ValueError):
-                worker.conn.send(None)
-        for worker in self.workers:
-            worker.process.join(REAP_WAIT)
-            if worker.process.is_alive():
-                worker.kill()
-            worker.reap(REAP_WAIT)
-        self.workers = []
-
-
-def close_pools() -> None:
-    """Stop every pooled rank process (``reuse=True``). Called at exit and at the end of a pytest session."""
-    with _lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.close()
-
-
-atexit.register(close_pools)
-
-
-def _acquire(world_size: int, backend: str) -> tuple[_Pool, bool]:
-    """A live pool for this world size; the bool says whether it was just started."""
-    key = (world_size, backend)
-    with _lock:
-        pool = _pools.pop(key, None)
-    if pool is not None and pool.alive():
-        return pool, False
-    if pool is not None:
-        pool.close()
-    return _Pool(world_size, _start_workers(world_size, reuse=True)), True
-
-
-def _release(pool: _Pool, backend: str, *, poisoned: bool) -> None:
-    if poisoned:
-        for worker in pool.workers:
-            worker.kill()
-        for worker in pool.workers:
-            worker.reap(REAP_WAIT)
-        pool.workers = []
-        return
-    with _lock:
-        previous = _pools.pop((pool.world_size, backend), None)
-        _pools[(pool.world_size, backend)] = pool
-    if previous is not None and previous is not pool:
-        previous.close()
 
 
 def _module_hints(fn: Callable[..., Any]) -> tuple[ModuleHint, ...]:
@@ -247,20 +104,20 @@ def _env_for(env: EnvSpec, rank: int) -> dict[str, str]:
     return dict(values)
 
 
-def _check_arguments(world_size: int, timeout: float, gpus_per_rank: int) -> None:
+def _check_arguments(world_size: int, timeout: float | timedelta, gpus_per_rank: int) -> float:
+    """Validate the arguments; the timeout in seconds."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     if isinstance(gpus_per_rank, bool) or not isinstance(gpus_per_rank, int) or gpus_per_rank < 0:
         raise ValueError(f"gpus_per_rank must be an integer >= 0, got {gpus_per_rank!r}")
+    return to_seconds(timeout, "timeout")
 
 
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int = 2,
     backend: str = "gloo",
-    timeout: float = 30.0,
+    timeout: float | timedelta = 30.0,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     env: EnvSpec = None,
@@ -281,8 +138,8 @@ def run_distributed(
         fn: a module-level function (a test module is fine); it is sent to the ranks by reference.
         world_size: number of ranks.
         backend: torch.distributed backend (``"gloo"`` on CPU, ``"nccl"`` with GPUs).
-        timeout: seconds for the whole call; on expiry the ranks still running are reported as hung,
-            with their Python stacks, and killed with their process trees.
+        timeout: seconds (or a ``timedelta``) for the whole call; on expiry the ranks still running
+            are reported as hung, with their Python stacks, and killed with their process trees.
         args: positional arguments for ``fn`` (pickled).
         kwargs: keyword arguments for ``fn`` (pickled).
         env: variables added to each rank's environment (after the defaults, so they win), or a
@@ -301,42 +158,32 @@ def run_distributed(
 
     Raises:
         DistributedTestError: one or more ranks raised, exited non-zero, died by a signal or hung.
-        ValueError: bad ``world_size``, ``timeout`` or ``gpus_per_rank``.
-        TypeError: ``fn`` cannot be sent to another process, or ``args``/``kwargs`` do not pickle.
+        ValueError: bad ``world_size``, ``gpus_per_rank`` or ``timeout`` (not > 0, NaN or infinite).
+        TypeError: ``fn`` cannot be sent to another process, ``args``/``kwargs`` do not pickle, or
+            ``timeout`` is not a number of seconds or a ``timedelta``.
     """
     __tracebackhide__ = True
-    return run_with_modules(
-        fn,
-        world_size,
-        backend,
-        timeout,
-        args,
-        kwargs,
-        env,
-        init=init,
-        reuse=reuse,
-        gpus_per_rank=gpus_per_rank,
-        label=label,
-        modules=(),
-        deadline=None,
+    bound = DistWorld(label)
+    return bound(
+        fn, world_size, backend, timeout, args, kwargs, env, init=init, reuse=reuse, gpus_per_rank=gpus_per_rank
     )
 
 
 def run_with_modules(
     fn: Callable[..., Any],
+    *,
     world_size: int,
     backend: str,
-    timeout: float,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any] | None,
-    env: EnvSpec,
-    *,
+    timeout: float | timedelta,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    env: EnvSpec = None,
     init: bool,
     reuse: bool,
     gpus_per_rank: int,
     label: str,
-    modules: Sequence[ModuleType],
-    deadline: float | None,
+    modules: Sequence[ModuleType] = (),
+    deadline: float | None = None,
 ) -> list[Any]:
     """``run_distributed`` that also loads ``modules`` in the ranks first (the plugin's test modules).
 
@@ -344,7 +191,7 @@ def run_with_modules(
     that distinit reports before pytest-timeout interrupts the test.
     """
     __tracebackhide__ = True
-    _check_arguments(world_size, timeout, gpus_per_rank)
+    seconds = _check_arguments(world_size, timeout, gpus_per_rank)
     if not label:
         # Under pytest, name the test in the report even when called directly.
         label = os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")[0]
@@ -357,7 +204,7 @@ def run_with_modules(
     run = _Run(
         world_size=world_size,
         backend=backend,
-        timeout=float(timeout),
+        timeout=seconds,
         payload=payload,
         hints=hints,
         env=rank_envs,
@@ -376,6 +223,8 @@ class DistWorld:
     Call it exactly like :func:`distinit.testing.run_distributed`.
     """
 
+    __module__ = "distinit.testing"  # its public home: reprs and pickles never name a private module
+
     def __init__(self, label: str, *, deadline: float | None = None) -> None:
         self.label = label
         #: time.monotonic() by which a call must have reported (set under pytest-timeout), or None.
@@ -386,7 +235,7 @@ class DistWorld:
         fn: Callable[..., Any],
         world_size: int = 2,
         backend: str = "gloo",
-        timeout: float = 30.0,
+        timeout: float | timedelta = 30.0,
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
         env: EnvSpec = None,
@@ -399,17 +248,16 @@ class DistWorld:
         __tracebackhide__ = True
         return run_with_modules(
             fn,
-            world_size,
-            backend,
-            timeout,
-            args,
-            kwargs,
-            env,
+            world_size=world_size,
+            backend=backend,
+            timeout=timeout,
+            args=args,
+            kwargs=kwargs,
+            env=env,
             init=init,
             reuse=reuse,
             gpus_per_rank=gpus_per_rank,
             label=self.label,
-            modules=(),
             deadline=self.deadline,  # report (with the stacks) before pytest-timeout interrupts
         )
 
@@ -432,96 +280,111 @@ class _Run:
     effective_timeout: float = 0.0
 
     def execute(self) -> list[Any]:
+        """Start (or borrow) the ranks, hand each its task, watch them, and report or return."""
         __tracebackhide__ = True
         run_id = uuid.uuid4().hex[:12]
         out_dir = tempfile.mkdtemp(prefix=f"distinit-{run_id}-")
         tcp_store: Any = None
-        pool: _Pool | None = None
-        workers: list[_Worker] = []
+        pool: Pool | None = None
+        ranks: list[RankProcess] = []
         poisoned = True
         try:
-            if self.init:
-                store: tuple[str, str, int] = ("file", os.path.join(out_dir, "store"), 0)
-                store_env: dict[str, str] = {}
-            else:
-                tcp_store = _tcp_store(self.timeout)
-                store = ("tcp", "127.0.0.1", int(tcp_store.port))
-                store_env = {
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(tcp_store.port),
-                    "TORCHELASTIC_USE_AGENT_STORE": "True",
-                }
+            tcp_store = None if self.init else _tcp_store(self.timeout)
             started = time.monotonic()
             if self.reuse:
-                pool, _fresh = _acquire(self.world_size, self.backend)
-                workers = pool.workers
+                pool = acquire(self.world_size, self.backend)
+                ranks = pool.ranks
             else:
-                workers = _start_workers(self.world_size, reuse=False)
-            base_env = dict(os.environ)
+                ranks = start_ranks(self.world_size, reuse=False)
             self.outcomes = [RankOutcome(rank, reuse=self.reuse) for rank in range(self.world_size)]
-            for rank, worker in enumerate(workers):
-                task = Task(
-                    run_id=run_id,
-                    rank=rank,
-                    world_size=self.world_size,
-                    backend=self.backend,
-                    timeout=self.timeout,
-                    payload=self.payload,
-                    modules=self.hints,
-                    env=_rank_env(base_env, rank, self.world_size, self.env[rank], store_env),
-                    store=store,
-                    init=self.init,
-                    out_dir=out_dir,
-                    gpus_per_rank=self.gpus_per_rank,
-                )
-                with contextlib.suppress(OSError, ValueError):
-                    worker.conn.send(task)  # a rank that already died is reported from its exit status
+            self._send_tasks(ranks, run_id=run_id, out_dir=out_dir, tcp_store=tcp_store)
             try:
-                self._watch(workers, started=started)
+                self._watch(ranks, started=started)
             except BaseException as exc:
-                # Interrupted from outside (pytest-timeout's signal method, ^C): leave no rank behind,
-                # and say where each one was.
-                self._stop_pending(workers, out_dir, verdict="interrupted")
-                self._collect_output(out_dir)
-                error = build_error(
-                    self.outcomes,
-                    world_size=self.world_size,
-                    backend=self.backend,
-                    timeout=self.effective_timeout or self.timeout,
-                    label=self.label,
-                )
-                log.error(
-                    "the ranks were torn down when the test was interrupted: %s",
-                    error.what,
-                    extra={"distinit": {"event": "testing.interrupted", "label": self.label}},
-                )
-                if hasattr(exc, "add_note"):  # Python >= 3.11: the full report, stacks included
-                    exc.add_note(f"distinit: the ranks were torn down when the test was interrupted:\n{error}")
+                self._report_interruption(ranks, out_dir, exc)
                 raise
-            failed = [o for o in self.outcomes if not o.succeeded]
-            poisoned = bool(failed) or not self.reuse
-            if failed:
-                self._stop_pending(
-                    workers, out_dir, verdict="stopped" if any(o.failed for o in self.outcomes) else "hung"
-                )
-            self._collect_output(out_dir)
-            if failed:
-                self._raise_or_skip()
-            self._forward_output()
-            return [pickle.loads(o.result) for o in self.outcomes if o.result is not None]
+            results = self._finish(ranks, out_dir)
+            poisoned = not self.reuse
+            return results
         finally:
             if pool is not None:
-                _release(pool, self.backend, poisoned=poisoned)
+                release(pool, self.backend, poisoned=poisoned)
             else:
-                for worker in workers:
-                    worker.kill()
-                for worker in workers:
-                    worker.reap(REAP_WAIT)
-            if tcp_store is not None:
-                del tcp_store
+                stop_all(ranks)
+            del tcp_store
             shutil.rmtree(out_dir, ignore_errors=True)
 
-    def _watch(self, workers: list[_Worker], *, started: float) -> None:
+    def _send_tasks(self, ranks: list[RankProcess], *, run_id: str, out_dir: str, tcp_store: Any) -> None:
+        """Send each rank its task: the payload, its environment, and where to rendezvous."""
+        store: tuple[str, str, int] = ("file", os.path.join(out_dir, "store"), 0)
+        store_env: dict[str, str] = {}
+        if tcp_store is not None:
+            store = ("tcp", "127.0.0.1", int(tcp_store.port))
+            store_env = {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(tcp_store.port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+            }
+        base_env = dict(os.environ)
+        for rank, process in enumerate(ranks):
+            task = Task(
+                run_id=run_id,
+                rank=rank,
+                world_size=self.world_size,
+                backend=self.backend,
+                timeout=self.timeout,
+                payload=self.payload,
+                modules=self.hints,
+                env=_rank_env(base_env, rank, self.world_size, self.env[rank], store_env),
+                store=store,
+                init=self.init,
+                out_dir=out_dir,
+                gpus_per_rank=self.gpus_per_rank,
+            )
+            with contextlib.suppress(OSError, ValueError):
+                process.conn.send(task)  # a rank that already died is reported from its exit status
+
+    def _report_interruption(self, ranks: list[RankProcess], out_dir: str, exc: BaseException) -> None:
+        """Interrupted from outside (pytest-timeout's signal method, ^C): stop every rank, say where each was."""
+        self._stop_pending(ranks, out_dir, verdict="interrupted")
+        self._collect_output(out_dir)
+        error = build_error(
+            self.outcomes,
+            world_size=self.world_size,
+            backend=self.backend,
+            timeout=self.effective_timeout or self.timeout,
+            label=self.label,
+        )
+        log.error(
+            "the ranks were torn down when the test was interrupted: %s",
+            error.what,
+            extra={"distinit": {"event": "testing.interrupted", "label": self.label}},
+        )
+        if hasattr(exc, "add_note"):  # Python >= 3.11: the full report, stacks included
+            exc.add_note(f"distinit: the ranks were torn down when the test was interrupted:\n{error}")
+
+    def _finish(self, ranks: list[RankProcess], out_dir: str) -> list[Any]:
+        """The per-rank results; or stop the ranks still running and raise (or skip) with the report."""
+        __tracebackhide__ = True
+        if any(not o.succeeded for o in self.outcomes):
+            verdict = "stopped" if any(o.failed for o in self.outcomes) else "hung"
+            self._stop_pending(ranks, out_dir, verdict=verdict)
+            self._collect_output(out_dir)
+            self._raise_or_skip()
+        self._collect_output(out_dir)
+        self._forward_output()
+        return [pickle.loads(o.result) for o in self.outcomes if o.result is not None]
+
+    def _limit(self, *, started: float, run_started: float | None, first_failure: float | None) -> float:
+        """When the watch ends: the startup bound or the timeout, capped by the deadline and the grace."""
+        limit = started + STARTUP_TIMEOUT if run_started is None else run_started + self.timeout
+        if self.deadline is not None:
+            limit = min(limit, self.deadline)
+        if first_failure is not None:
+            limit = min(limit, first_failure + FAILURE_GRACE)
+        return limit
+
+    def _watch(self, ranks: list[RankProcess], *, started: float) -> None:
         """Wait until every rank settled, the timeout passed, or the grace after a failure ran out.
 
         The timeout runs from the moment every rank is running (has sent its first message), so
@@ -532,36 +395,23 @@ class _Run:
         run_started: float | None = None
         sequence = 0
         self.effective_timeout = self.timeout
-        while True:
-            pending = [o for o in self.outcomes if not o.settled(reuse=self.reuse)]
-            if not pending:
-                return
+        while pending := [o for o in self.outcomes if not o.settled(reuse=self.reuse)]:
             now = time.monotonic()
             if run_started is None and all(o.phase != "start" or o.settled(reuse=self.reuse) for o in self.outcomes):
                 run_started = now
-            limit = started + STARTUP_TIMEOUT if run_started is None else run_started + self.timeout
-            if self.deadline is not None:
-                limit = min(limit, self.deadline)
-            if first_failure is not None:
-                limit = min(limit, first_failure + FAILURE_GRACE)
+            limit = self._limit(started=started, run_started=run_started, first_failure=first_failure)
             if now >= limit:
                 if run_started is not None and first_failure is None:
                     self.effective_timeout = min(self.timeout, round(now - run_started, 1))
                 elif run_started is None:
                     self.effective_timeout = round(now - started, 1)
                 return
-            waitables: list[Any] = []
-            for outcome in pending:
-                worker = workers[outcome.rank]
-                if not outcome.conn_closed:
-                    waitables.append(worker.conn)
-                if outcome.exitcode is None:
-                    waitables.append(worker.process.sentinel)
+            waitables = _waitables(pending, ranks)
             if not waitables:
                 return
             multiprocessing.connection.wait(waitables, timeout=limit - now)
             for outcome in pending:
-                self._poll(outcome, workers[outcome.rank])
+                _poll(outcome, ranks[outcome.rank])
             for outcome in pending:
                 if outcome.failed:
                     sequence += 1
@@ -569,23 +419,7 @@ class _Run:
                     if first_failure is None:
                         first_failure = time.monotonic()
 
-    def _poll(self, outcome: RankOutcome, worker: _Worker) -> None:
-        exited = outcome.exitcode is None and not worker.process.is_alive()
-        while not outcome.conn_closed:
-            try:
-                if not worker.conn.poll():
-                    break
-                message = worker.conn.recv()
-            except (EOFError, OSError):
-                outcome.conn_closed = True
-                break
-            outcome.record(message)
-        if exited:
-            worker.process.join(0)
-            outcome.exitcode = worker.process.exitcode
-            outcome.ended_at = time.monotonic()
-
-    def _stop_pending(self, workers: list[_Worker], out_dir: str, *, verdict: str) -> None:
+    def _stop_pending(self, ranks: list[RankProcess], out_dir: str, *, verdict: str) -> None:
         """Dump the stacks of ranks still running, then kill every rank's process tree."""
         pending = [o for o in self.outcomes if not o.settled(reuse=self.reuse) and o.exitcode is None]
         dumping = []
@@ -593,22 +427,21 @@ class _Run:
             outcome.verdict = verdict
             if outcome.phase == "start":
                 continue  # faulthandler is not registered yet: SIGUSR1 would just kill it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(workers[outcome.rank].pid, signal.SIGUSR1)
+            if ranks[outcome.rank].signal(signal.SIGUSR1):
                 dumping.append(outcome)
         if dumping:
-            _wait_for_dumps([os.path.join(out_dir, f"rank{o.rank}.stack") for o in dumping])
-        for worker in workers:
-            worker.kill()
+            wait_for_dumps([os.path.join(out_dir, f"rank{o.rank}.stack") for o in dumping])
+        for process in ranks:
+            process.kill()
 
     def _collect_output(self, out_dir: str) -> None:
         for outcome in self.outcomes:
-            outcome.stdout = _read(os.path.join(out_dir, f"rank{outcome.rank}.stdout"))
-            outcome.stderr = _read(os.path.join(out_dir, f"rank{outcome.rank}.stderr"))
+            outcome.stdout = read_tail(os.path.join(out_dir, f"rank{outcome.rank}.stdout"))
+            outcome.stderr = read_tail(os.path.join(out_dir, f"rank{outcome.rank}.stderr"))
             if outcome.verdict in ("hung", "stopped", "interrupted"):
-                outcome.stack = _read(os.path.join(out_dir, f"rank{outcome.rank}.stack"))
+                outcome.stack = read_tail(os.path.join(out_dir, f"rank{outcome.rank}.stack"))
 
-    def _raise_or_skip(self) -> None:
+    def _raise_or_skip(self) -> NoReturn:
         __tracebackhide__ = True
         skips = [o.skip for o in self.outcomes if o.skip is not None]
         if len(skips) == self.world_size and len({kind for kind, _ in skips}) == 1:
@@ -630,7 +463,36 @@ class _Run:
                 sys.stderr.write(prefix_lines(outcome.stderr, outcome.rank))
 
 
-def _raise_outcome(kind: str, reason: str) -> None:
+def _waitables(pending: list[RankOutcome], ranks: list[RankProcess]) -> list[Any]:
+    """What to wait on for the ranks still pending: their pipe (until closed) and their exit."""
+    waitables: list[Any] = []
+    for outcome in pending:
+        process = ranks[outcome.rank]
+        if not outcome.conn_closed:
+            waitables.append(process.conn)
+        if outcome.exitcode is None:
+            waitables.append(process.process.sentinel)
+    return waitables
+
+
+def _poll(outcome: RankOutcome, process: RankProcess) -> None:
+    """Apply every message the rank has sent, and its exit status once it exited."""
+    exited = outcome.exitcode is None and not process.process.is_alive()
+    while not outcome.conn_closed:
+        try:
+            if not process.conn.poll():
+                break
+            message = process.conn.recv()
+        except (EOFError, OSError):
+            outcome.conn_closed = True
+            break
+        outcome.record(message)
+    if exited:
+        process.process.join(0)
+        outcome.exitcode = process.process.exitcode
+
+
+def _raise_outcome(kind: str, reason: str) -> NoReturn:
     """Skip or xfail the calling test, reported at the test's location (not this module's)."""
     __tracebackhide__ = True
     import pytest
@@ -640,43 +502,7 @@ def _raise_outcome(kind: str, reason: str) -> None:
     raise pytest.skip.Exception(reason, _use_item_location=True)
 
 
-def _wait_for_dumps(paths: list[str], timeout: float = STACK_DUMP_WAIT) -> None:
-    """Wait until each faulthandler dump file is written (non-empty, unchanged for 50 ms), bounded."""
-    deadline = time.monotonic() + timeout
-    sizes = dict.fromkeys(paths, -1)
-    while time.monotonic() < deadline:
-        done = True
-        for path in paths:
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                size = 0
-            if size == 0 or size != sizes[path]:
-                done = False
-            sizes[path] = size
-        if done:
-            return
-        time.sleep(0.05)
-
-
-def _read(path: str, limit: int = 64_000) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - limit))
-            data = handle.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    if size > limit:
-        text = f"[... {size - limit} earlier bytes not shown ...]\n" + text.split("\n", 1)[-1]
-    return text
-
-
 def _tcp_store(timeout: float) -> Any:
-    from datetime import timedelta
-
-    from torch._C._distributed_c10d import TCPStore
+    from torch.distributed import TCPStore
 
     return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))

@@ -15,56 +15,63 @@ from typing import Any
 
 import pytest
 
+from distinit.testing._deadline import TEST_STARTED, deadline_for
+from distinit.testing._options import INI_DEFAULTS, MARKER, MARKER_HELP, DistributedOptions, options_for, read_ini
 from distinit.testing._run import DistWorld
 from distinit.testing._scheduler import LAUNCHER_NAMES, LAUNCHER_PREFIXES
 from distinit.testing._scheduler import scheduler_env as _preset_env
 
 __all__ = ["dist_store", "dist_world", "free_store", "scheduler_env"]
 
+#: Each marked test's validated options, or the usage error that fails it (set at collection).
+OPTIONS = pytest.StashKey["DistributedOptions | str"]()
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Register the ini option for the marker's default timeout."""
-    parser.addini(
-        "distributed_timeout",
-        "default timeout in seconds of @pytest.mark.distributed tests (default 60)",
-        default="60",
-    )
+    """Register the ini keys ``distributed_timeout`` and ``distributed_reuse`` (the marker's defaults)."""
+    # No defaults registered: an unset key is told apart from one set to the default value, so
+    # each option records where its value came from (``_options``).
+    parser.addini("distributed_timeout", "default timeout in seconds of @pytest.mark.distributed tests (default 60)")
     parser.addini(
         "distributed_reuse",
         "run @pytest.mark.distributed tests on pooled rank processes unless the marker says reuse=False",
         type="bool",
-        default=False,
+        default=None,
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``distributed`` marker (so ``--strict-markers`` accepts it)."""
-    from distinit.testing._marker import MARKER_HELP
+    """Register the ``distributed`` marker (so ``--strict-markers`` accepts it); validate the ini keys once.
 
+    Raises:
+        pytest.UsageError: a bad ``distributed_timeout`` or ``distributed_reuse``, naming the key and value.
+    """
     config.addinivalue_line("markers", MARKER_HELP)
+    config.stash[INI_DEFAULTS] = read_ini(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests this machine cannot run (GPUs, NCCL) as skipped; start the fork server if ranks are needed."""
     del config
+    from distinit.testing._marker import skip_reason
+
     needs_ranks = False
     for item in items:
-        if item.get_closest_marker("distributed") is not None:
+        if item.get_closest_marker(MARKER) is not None:
             needs_ranks = True
-            from distinit.testing._marker import options_for, skip_reason
-
             try:
-                options = options_for(item)
-            except pytest.UsageError:
-                continue  # reported when the test runs, failing only that test
-            reason = skip_reason(options) if options is not None else None
+                options: DistributedOptions | str = options_for(item) or DistributedOptions()
+            except pytest.UsageError as exc:
+                options = str(exc)  # reported when the test runs, failing only that test
+            item.stash[OPTIONS] = options
+            reason = skip_reason(options) if isinstance(options, DistributedOptions) else None
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
         elif "dist_world" in getattr(item, "fixturenames", ()):
             needs_ranks = True
     if needs_ranks:
         # torch is imported by the fork server in the background while the session goes on.
-        from distinit.testing._run import warm_up
+        from distinit.testing._supervise import warm_up
 
         warm_up()
 
@@ -72,29 +79,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Note when a test that needs ranks starts (pytest-timeout's clock starts about then)."""
-    if item.get_closest_marker("distributed") is not None or "dist_world" in getattr(item, "fixturenames", ()):
-        from distinit.testing._marker import TEST_STARTED
-
+    if item.get_closest_marker(MARKER) is not None or "dist_world" in getattr(item, "fixturenames", ()):
         item.stash[TEST_STARTED] = time.monotonic()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run a ``@pytest.mark.distributed`` test on every rank instead of in this process."""
-    if pyfuncitem.get_closest_marker("distributed") is None:
+    if pyfuncitem.get_closest_marker(MARKER) is None:
         return None
     __tracebackhide__ = True
-    from distinit.testing._marker import options_for, run_marked
+    from distinit.testing._marker import run_marked
 
-    problem = None
-    try:
-        options = options_for(pyfuncitem)
-    except pytest.UsageError as exc:
-        options, problem = None, str(exc)
-    if problem is not None:
-        pytest.fail(problem, pytrace=False)  # fails this test only, without our internals
-    if options is None:
-        return None
+    options = pyfuncitem.stash.get(OPTIONS, None)
+    if options is None:  # not collected through this session's hook (e.g. added by another plugin)
+        try:
+            options = options_for(pyfuncitem) or DistributedOptions()
+        except pytest.UsageError as exc:
+            options = str(exc)
+    if isinstance(options, str):
+        pytest.fail(options, pytrace=False)  # fails this test only, without our internals
     run_marked(pyfuncitem, options)
     return True
 
@@ -102,17 +106,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop pooled rank processes (``reuse=True``) at the end of the session."""
     del session
-    run = sys.modules.get("distinit.testing._run")
-    if run is not None:
-        run.close_pools()
+    pool = sys.modules.get("distinit.testing._pool")
+    if pool is not None:
+        pool.close_pools()
 
 
 @pytest.fixture
 def dist_world(request: pytest.FixtureRequest) -> DistWorld:
     """A callable that runs a function on N real ranks: ``dist_world(fn, world_size=2) -> [per-rank results]``."""
-    from distinit.testing._marker import pytest_deadline
-
-    return DistWorld(request.node.nodeid, deadline=pytest_deadline(request.node))
+    return DistWorld(request.node.nodeid, deadline=deadline_for(request.node))
 
 
 @pytest.fixture
@@ -149,7 +151,7 @@ def free_store() -> Iterator[Any]:
     """
     from datetime import timedelta
 
-    from torch._C._distributed_c10d import TCPStore
+    from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     yield store
@@ -161,7 +163,7 @@ def dist_store(tmp_path: Path) -> Iterator[Any]:
     """A ``FileStore`` in ``tmp_path`` for one process (no port at all), e.g. ``init_process_group(store=...)``."""
     from datetime import timedelta
 
-    from torch._C._distributed_c10d import FileStore
+    from torch.distributed import FileStore
 
     store = FileStore(str(tmp_path / "dist_store"), 1)
     store.set_timeout(timedelta(seconds=30))

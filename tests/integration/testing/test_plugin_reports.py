@@ -222,3 +222,25 @@ def test_every_failure_shape_reports_each_failed_rank(pytester: pytest.Pytester,
         ]
     )
     out.no_fnmatch_line("*distinit-parent-watch*")
+
+
+BAD_TIMEOUT = """
+import pytest
+
+
+@pytest.mark.distributed(world_size=2)
+def test_never_runs():
+    pass
+"""
+
+
+@pytest.mark.parametrize("option", ["distributed_timeout=abc", "distributed_timeout=-5"])
+def test_a_bad_ini_value_is_a_usage_error_not_an_internal_error(
+    pytester: pytest.Pytester, plugin_args: list[str], option: str
+) -> None:
+    pytester.makepyfile(test_bad_ini=BAD_TIMEOUT)
+    result = pytester.runpytest_subprocess(*plugin_args, "-p", "no:cacheprovider", "-o", option, timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    key, value = option.split("=")
+    result.stderr.fnmatch_lines([f"ERROR: ini option {key} = {value!r} is not a number of seconds > 0*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()

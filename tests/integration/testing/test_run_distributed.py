@@ -242,3 +242,18 @@ def test_non_zero_exit_after_returning_fails() -> None:
     with pytest.raises(DistributedTestError) as caught:
         run_distributed(exit_non_zero_at_interpreter_exit, world_size=2)
     assert caught.value.failures == {1: "exited with code 4 after returning its result"}
+
+
+def exit_zero_on_rank_1() -> int:
+    if dist.get_rank() == 1:
+        os._exit(0)
+    return 0
+
+
+def test_exit_with_status_0_mid_test_is_not_called_non_zero() -> None:
+    with pytest.raises(DistributedTestError) as caught:
+        run_distributed(exit_zero_on_rank_1, world_size=2)
+    error = caught.value
+    assert error.failures == {1: "exited with code 0 without returning a result"}
+    assert "exited with status 0 before finishing the test body" in error.why
+    assert "non-zero" not in str(error)

@@ -130,3 +130,27 @@ def test_clean_stack_drops_the_harness() -> None:
 def test_prefix_lines() -> None:
     assert prefix_lines("a\nb", 3) == "[rank 3] a\n[rank 3] b\n"
     assert prefix_lines("a\n", 0) == "[rank 0] a\n"
+
+
+def test_the_reason_for_a_status_0_exit_does_not_say_non_zero() -> None:
+    error = build_error(
+        [RankOutcome(0, result=b"x", exitcode=0), RankOutcome(1, phase="run", exitcode=0, failed_seq=1)],
+        world_size=2,
+        backend="gloo",
+        timeout=30,
+        label="",
+    )
+    assert error.failures == {1: "exited with code 0 without returning a result"}
+    assert "status 0 before finishing the test body" in error.why
+    assert "non-zero" not in str(error)
+
+
+def test_a_non_zero_exit_still_gives_the_non_zero_reason() -> None:
+    error = build_error(
+        [RankOutcome(0, phase="run", exitcode=0, failed_seq=2), RankOutcome(1, phase="run", exitcode=3, failed_seq=1)],
+        world_size=2,
+        backend="gloo",
+        timeout=30,
+        label="",
+    )
+    assert "non-zero status" in error.why
