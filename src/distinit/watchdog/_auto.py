@@ -21,6 +21,8 @@ class AutoTimeout:
     steps from producing a hair-trigger timeout.
     """
 
+    __module__ = "distinit.watchdog"  # its public home: reprs and pickles never name a private module
+
     def __init__(self, factor: float = 5.0, warmup: int = 5, *, initial: float = 600.0, floor: float = 1.0) -> None:
         """Configure the calibration.
 

@@ -5,82 +5,51 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
-import json
 import logging
+import mmap
 import os
 import signal
 import socket
+import stat
 import sys
-import tempfile
 import threading
 import time
 import weakref
 from datetime import timedelta
-from types import CodeType, TracebackType
+from types import TracebackType
 from typing import IO
 
+from distinit._duration import to_seconds
 from distinit.errors import WatchdogError
-from distinit.watchdog import _proc, _slots
-from distinit.watchdog._slots import H_ARMS, H_CLOSED, H_DUMPSIG, H_HWM, H_NSCOPES, HEADER_WORDS, SLOT_WORDS
+from distinit.watchdog import _directory, _dump, _proc, _slots
+from distinit.watchdog._protocol import ENV_VAR, SOCKET_NAME, decode_reply, exchange_hello
+from distinit.watchdog._slots import (
+    H_ARMS,
+    H_CLOSED,
+    H_DUMPSIG,
+    H_HWM,
+    HEADER_WORDS,
+    NSLOTS,
+    S_ARMED_AT,
+    S_DEADLINE,
+    S_SCOPE,
+    S_THREAD,
+    SLOT_WORDS,
+)
 
 logger = logging.getLogger("distinit.watchdog")
 
-ENV_VAR = "DISTINIT_WATCHDOG"
-SOCKET_NAME = "sock"
-HELLO = b"DWDG1\n"
-MAX_REPLY_BYTES = 4096
 # faulthandler's dump signal. A real-time signal: SIGUSR1/2 are often taken (NCCL, submitit, profilers).
 DEFAULT_DUMP_SIGNAL = signal.SIGRTMIN + 6
 HEARTBEAT_SLOT = 0
 HEARTBEAT_SCOPE = "heartbeat"
+# The heartbeat's deadline word, written on every beat().
+_HEARTBEAT_DEADLINE = HEADER_WORDS + HEARTBEAT_SLOT * SLOT_WORDS + S_DEADLINE
 
 _monotonic = time.monotonic
 _get_ident = threading.get_ident
 _live_clients: weakref.WeakSet[WatchdogClient] = weakref.WeakSet()
-_fork_hook_installed = False
-
-
-def default_path() -> str:
-    """The watchdog directory: ``$DISTINIT_WATCHDOG``, else ``/dev/shm/distinit-watchdog-<uid>``."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return env
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(base, f"distinit-watchdog-{os.geteuid()}")
-
-
-def to_seconds(after: float | timedelta, name: str = "after") -> float:
-    """Normalise a duration to float seconds > 0.
-
-    Raises:
-        TypeError: not a number or timedelta.
-        ValueError: not finite and positive.
-    """
-    if isinstance(after, timedelta):
-        after = after.total_seconds()
-    if isinstance(after, bool) or not isinstance(after, (int, float)):
-        raise TypeError(f"{name} must be seconds (float) or a timedelta, got {type(after).__name__}")
-    seconds = float(after)
-    if not 0.0 < seconds < float("inf"):
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {after!r}")
-    return seconds
-
-
-def private_dir_problem(path: str) -> str | None:
-    """Why ``path`` is not a private watchdog directory of this user (None if it is one)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return f"{path!r} does not exist"
-    except OSError as exc:
-        return f"cannot inspect {path!r}: {exc.strerror or exc}"
-    if not os.path.isdir(path) or os.path.islink(path):
-        return f"{path!r} is not a directory"
-    if st.st_uid != os.geteuid():
-        return f"{path!r} belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}"
-    if st.st_mode & 0o077:
-        return f"{path!r} has mode {st.st_mode & 0o777:o}; the watchdog needs 0700"
-    return None
+_hooks_installed = False
 
 
 def _after_fork_in_child() -> None:
@@ -93,6 +62,21 @@ def _close_at_exit() -> None:
     # server, which notes "exited while armed" and cleans up.
     for client in list(_live_clients):
         client.close()
+
+
+def _track(client: WatchdogClient) -> None:
+    global _hooks_installed
+    _live_clients.add(client)
+    if not _hooks_installed:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_close_at_exit)
+        _hooks_installed = True
+
+
+def live_client_for(path: str) -> WatchdogClient | None:
+    """This process's open client on the watchdog directory ``path``, if it has one."""
+    real = os.path.realpath(path)
+    return next((c for c in list(_live_clients) if c._usable and c._real_path == real), None)
 
 
 class _Region:
@@ -119,6 +103,8 @@ class _Region:
 
 class Heartbeat:
     """Liveness mode of one client: the worker dies if it does not :meth:`beat` for ``timeout`` seconds."""
+
+    __module__ = "distinit.watchdog"  # its public home: reprs and pickles never name a private module
 
     def __init__(self, client: WatchdogClient) -> None:
         self._client = client
@@ -157,6 +143,8 @@ class WatchdogClient:
     instead. Linux only.
     """
 
+    __module__ = "distinit.watchdog"  # its public home: reprs and pickles never name a private module
+
     def __init__(
         self,
         path: str | None = None,
@@ -164,96 +152,100 @@ class WatchdogClient:
         fail_closed: bool = False,
         dump_stacks: bool = True,
         dump_signal: int = DEFAULT_DUMP_SIGNAL,
-        connect_timeout: float = 2.0,
+        connect_timeout: float | timedelta = 2.0,
     ) -> None:
         """Create the slot table and register with the server at ``path`` (``$DISTINIT_WATCHDOG`` when None).
 
         Raises:
-            WatchdogError: ``fail_closed=True`` and no server accepted this process.
+            WatchdogError: this process already has an open client on ``path`` (one registration per
+                process: use that client, or ``close()`` it first), or ``fail_closed=True`` and no server
+                accepted this process.
         """
-        global _fork_hook_installed
-        self.path = path or default_path()
+        timeout = to_seconds(connect_timeout, "connect_timeout")
+        self.path = path or _directory.default_path()
+        self._real_path = os.path.realpath(self.path)
+        self._pid = os.getpid()
+        other = live_client_for(self.path)
+        if other is not None:
+            raise WatchdogError(
+                f"pid {self._pid} already has an open WatchdogClient on {self.path!r}",
+                why="the server watches one slot table per process; a second client would replace the first "
+                "one's table, and the regions armed through either would no longer be enforced",
+                fix="use the existing client (configure(client) shares it with expires()), or close() it "
+                "before creating a new one",
+            )
         self.fail_closed = fail_closed
         self.registered = False
         self.overflows = 0
-        self.reason = ""
-        self._pid = os.getpid()
         self._start = _proc.start_time(self._pid) or 0
-        self._lock = threading.Lock()
-        self._scopes: dict[str, int] = {}
-        self._frame_scopes: dict[tuple[CodeType, int], int] = {}
-        self._free = list(range(_slots.NSLOTS - 1, HEARTBEAT_SLOT, -1))
-        self._hwm = 0
-        self._hb_timeout: float | None = None
+        self._closed = self._detached = False
         self._sock: socket.socket | None = None
         self._stack_fh: IO[bytes] | None = None
+        self._stack_path: str | None = None
         self._dump_signal = 0
         self._slot_path: str | None = None
-        self._closed = False
+        self._hb_timeout: float | None = None
+        problem = self._set_up(dump_stacks=dump_stacks, dump_signal=dump_signal, timeout=timeout)
+        self.reason = problem or ""
+        if problem is not None:
+            self._fail_open(problem)
+        _track(self)
 
-        problem = self._prepare_dir()
+    @property
+    def _usable(self) -> bool:
+        return not (self._closed or self._detached)
+
+    # ----------------------------------------------------------------- set-up
+    def _set_up(self, *, dump_stacks: bool, dump_signal: int, timeout: float) -> str | None:
+        """Directory, table, dump handler, registration; the first problem met (None: registered)."""
+        problem = _directory.prepare(self.path)
         slot_path = os.path.join(self.path, _slots.slot_file_name(self._pid, self._start))
+        table = None
         if problem is None:
             try:
-                self._mm = _slots.create_table(slot_path, self._pid, self._start)
+                table = _slots.create_table(slot_path, self._pid, self._start)
                 self._slot_path = slot_path
             except OSError as exc:
                 problem = f"cannot create the slot table {slot_path!r}: {exc}"
-        if self._slot_path is None:
-            self._mm = _slots.create_table(None, self._pid, self._start)
-        self._q = memoryview(self._mm).cast("Q")
-        self._d = memoryview(self._mm).cast("d")
-        self._scopes[_slots.OVERFLOW_SCOPE] = 0
+        # Without a file the table is anonymous memory: arming still works, nothing enforces it.
+        self._use_table(table or _slots.create_table(None, self._pid, self._start))
         if problem is None and dump_stacks:
             self._install_dump(dump_signal)
         if problem is None:
-            problem = self._register(connect_timeout)
-        self.reason = problem or ""
-        if problem is not None:
-            if fail_closed:
-                self.close()
-                raise WatchdogError(
-                    f"pid {self._pid}: no watchdog protection: {problem}",
-                    why="no `distinit watchdog serve` (or WatchdogServer) is running on this path, "
-                    "or it belongs to another user",
-                    fix=f"start `distinit watchdog serve --path {self.path}` first, set {ENV_VAR} to it, "
-                    "or pass fail_closed=False to run unguarded",
-                )
-            logger.warning(
-                "pid %d: watchdog client fails open: %s; timers are recorded but nothing enforces them "
-                "until a server starts on %s (it adopts them)",
-                self._pid,
-                problem,
-                self.path,
-                extra={
-                    "distinit": {
-                        "event": "watchdog.fail_open",
-                        "pid": self._pid,
-                        "path": self.path,
-                        "reason": problem,
-                    }
-                },
-            )
-        _live_clients.add(self)
-        if not _fork_hook_installed:
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            atexit.register(_close_at_exit)
-            _fork_hook_installed = True
+            problem = self._register(timeout)
+        return problem
 
-    # ----------------------------------------------------------------- set-up
-    def _prepare_dir(self) -> str | None:
-        try:
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            return f"cannot create the watchdog directory {self.path!r}: {exc}"
-        return private_dir_problem(self.path)
+    def _use_table(self, mm: mmap.mmap) -> None:
+        self._mm = mm
+        self._q = memoryview(mm).cast("Q")
+        self._d = memoryview(mm).cast("d")
+        self._names = _slots.ScopeNames(mm)
+        self._free = list(range(_slots.NSLOTS - 1, HEARTBEAT_SLOT, -1))
+        self._hwm = 0
+
+    def _fail_open(self, problem: str) -> None:
+        if self.fail_closed:
+            self.close()
+            raise WatchdogError(
+                f"pid {self._pid}: no watchdog protection: {problem}",
+                why="no `distinit watchdog serve` (or WatchdogServer) is running on this path, "
+                "or it belongs to another user",
+                fix=f"start `distinit watchdog serve --path {self.path}` first, set {ENV_VAR} to it, "
+                "or pass fail_closed=False to run unguarded",
+            )
+        logger.warning(
+            "pid %d: watchdog client fails open: %s; timers are recorded but nothing enforces them "
+            "until a server starts on %s (it adopts them)",
+            self._pid,
+            problem,
+            self.path,
+            extra={"distinit": {"event": "watchdog.fail_open", "pid": self._pid, "path": self.path, "reason": problem}},
+        )
 
     def _install_dump(self, dump_signal: int) -> None:
         stack_path = os.path.join(self.path, _slots.stack_file_name(self._pid, self._start))
         try:
-            fd = os.open(stack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-            self._stack_fh = os.fdopen(fd, "ab", buffering=0)
-            faulthandler.register(dump_signal, file=self._stack_fh, all_threads=True, chain=False)
+            self._stack_fh = _dump.install(stack_path, dump_signal)
         except (OSError, ValueError, RuntimeError) as exc:
             logger.warning(
                 "pid %d: no stack dumps before a watchdog kill: faulthandler.register(%d) failed: %s",
@@ -263,6 +255,7 @@ class WatchdogClient:
                 extra={"distinit": {"event": "watchdog.no_dump", "pid": self._pid, "error": str(exc)}},
             )
             return
+        self._stack_path = stack_path
         self._dump_signal = dump_signal
         self._q[H_DUMPSIG] = dump_signal
 
@@ -271,25 +264,14 @@ class WatchdogClient:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
-            sock.connect(sock_path)
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                sock.sendall(HELLO)  # a server refusing us may close first; its reply is still readable
-            reply = b""
-            while not reply.endswith(b"\n") and len(reply) < MAX_REPLY_BYTES:
-                chunk = sock.recv(MAX_REPLY_BYTES)
-                if not chunk:
-                    break
-                reply += chunk
+            reply = exchange_hello(sock, sock_path)
         except OSError as exc:
             sock.close()
             return f"cannot reach the watchdog server at {sock_path!r}: {exc.strerror or exc}"
-        try:
-            answer = json.loads(reply.decode("utf-8")) if reply.endswith(b"\n") else None
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict) or answer.get("ok") is not True:
+        answer = decode_reply(reply)
+        if answer is None or answer.get("ok") is not True:
             sock.close()
-            detail = answer.get("error") if isinstance(answer, dict) else f"malformed reply {reply[:80]!r}"
+            detail = answer.get("error") if answer is not None else f"malformed reply {reply[:80]!r}"
             return f"the watchdog server at {sock_path!r} refused this process: {detail}"
         self._sock = sock  # kept open: the server sees EOF when we go away
         self.registered = True
@@ -297,43 +279,22 @@ class WatchdogClient:
 
     def _detach_after_fork(self) -> None:
         # A forked child shares the parent's MAP_SHARED table: arms there would be charged to the parent.
-        self._mm = _slots.create_table(None, os.getpid(), 0)
-        self._q = memoryview(self._mm).cast("Q")
-        self._d = memoryview(self._mm).cast("d")
-        self._free = list(range(_slots.NSLOTS - 1, HEARTBEAT_SLOT, -1))
-        self._hwm = 0
-        self._lock = threading.Lock()
-        self._scopes = {_slots.OVERFLOW_SCOPE: 0}
-        self._frame_scopes = {}
+        # The parent's files stay the parent's: the child must neither unlink them nor close its dump file.
+        self._use_table(_slots.create_table(None, os.getpid(), 0))
+        self._detached = True
         self._sock = None
-        self._slot_path = None
+        self._slot_path = self._stack_path = None
+        self._stack_fh = None
+        self._dump_signal = 0
         self.registered = False
         self.reason = "forked child of a registered process; create a new WatchdogClient in the child"
 
     # ----------------------------------------------------------------- scopes
     def _intern(self, scope: str) -> int:
-        with self._lock:
-            sid = self._scopes.get(scope)
-            if sid is not None:
-                return sid
-            n = int(self._q[H_NSCOPES])
-            if n >= _slots.NSCOPES:
-                return 0
-            raw = _slots.encode_scope(scope)
-            off = _slots.SCOPES_OFFSET + n * _slots.SCOPE_BYTES
-            self._mm[off : off + 1 + len(raw)] = bytes([len(raw)]) + raw
-            self._q[H_NSCOPES] = n + 1
-            self._scopes[scope] = n
-            return n
+        return self._names.intern(scope)
 
     def _frame_scope(self, depth: int) -> int:
-        frame = sys._getframe(depth + 1)
-        key = (frame.f_code, frame.f_lineno)
-        sid = self._frame_scopes.get(key)
-        if sid is None:
-            sid = self._intern(f"{frame.f_code.co_filename}:{frame.f_lineno}")
-            self._frame_scopes[key] = sid
-        return sid
+        return self._names.of_frame(sys._getframe(depth + 1))
 
     # ----------------------------------------------------------------- hot path
     def _arm(self, after: float, scope_id: int) -> int:
@@ -343,13 +304,13 @@ class WatchdogClient:
             self._overflow()
             return -1
         now = _monotonic()
-        b = HEADER_WORDS + i * SLOT_WORDS
+        b = HEADER_WORDS + i * SLOT_WORDS  # _slots.slot_base(i), inlined: this is the hot path
         q = self._q
-        q[b + 2] = scope_id
-        q[b + 3] = _get_ident()
+        q[b + S_SCOPE] = scope_id
+        q[b + S_THREAD] = _get_ident()
         d = self._d
-        d[b + 1] = now
-        d[b] = now + after  # last: the server reads a complete slot once it sees a deadline
+        d[b + S_ARMED_AT] = now
+        d[b + S_DEADLINE] = now + after  # last: the server reads a complete slot once it sees a deadline
         if i >= self._hwm:
             self._hwm = i + 1
             q[H_HWM] = i + 1
@@ -375,7 +336,7 @@ class WatchdogClient:
             TypeError: ``after`` is not a number of seconds.
             ValueError: ``after`` is not finite and positive.
         """
-        seconds = to_seconds(after)
+        seconds = to_seconds(after, "after")
         sid = self._intern(scope) if scope is not None else self._frame_scope(1)
         return self._arm(seconds, sid)
 
@@ -385,8 +346,8 @@ class WatchdogClient:
         Disarm each handle once: like a double free, a second disarm after the slot was reused would disarm
         the region now holding it (``expires`` regions cannot make this mistake).
         """
-        if handle > HEARTBEAT_SLOT:
-            i = HEADER_WORDS + handle * SLOT_WORDS
+        if HEARTBEAT_SLOT < handle < NSLOTS:  # -1 (not armed) and foreign numbers are no-ops
+            i = HEADER_WORDS + handle * SLOT_WORDS + S_DEADLINE
             if self._d[i] != 0.0:  # already free: do not hand the slot out twice
                 self._d[i] = 0.0
                 self._free.append(handle)
@@ -401,11 +362,11 @@ class WatchdogClient:
             TypeError: ``after`` is not a number of seconds.
             ValueError: ``after`` is not finite and positive.
         """
-        seconds = to_seconds(after)
+        seconds = to_seconds(after, "after")
         if scope is None:
             sid = self._frame_scope(1)
         else:
-            cached = self._scopes.get(scope)
+            cached = self._names.ids.get(scope)
             sid = self._intern(scope) if cached is None else cached
         return _Region(self, seconds, sid)
 
@@ -423,13 +384,13 @@ class WatchdogClient:
         """
         seconds = to_seconds(timeout, "timeout")
         sid = self._intern(HEARTBEAT_SCOPE)
-        b = HEADER_WORDS + HEARTBEAT_SLOT * SLOT_WORDS
-        self._q[b + 2] = sid
-        self._q[b + 3] = _get_ident()
+        b = _slots.slot_base(HEARTBEAT_SLOT)
+        self._q[b + S_SCOPE] = sid
+        self._q[b + S_THREAD] = _get_ident()
         now = _monotonic()
-        self._d[b + 1] = now
+        self._d[b + S_ARMED_AT] = now
         self._hb_timeout = seconds
-        self._d[b] = now + seconds
+        self._d[b + S_DEADLINE] = now + seconds
         if self._hwm < 1:
             self._hwm = 1
             self._q[H_HWM] = 1
@@ -439,12 +400,12 @@ class WatchdogClient:
         """Tell the server this process is alive (one memory store); a no-op outside liveness mode."""
         timeout = self._hb_timeout
         if timeout is not None:
-            self._d[HEADER_WORDS] = _monotonic() + timeout
+            self._d[_HEARTBEAT_DEADLINE] = _monotonic() + timeout
 
     def stop_heartbeat(self) -> None:
         """Leave liveness mode."""
         self._hb_timeout = None
-        self._d[HEADER_WORDS] = 0.0
+        self._d[_HEARTBEAT_DEADLINE] = 0.0
 
     # ----------------------------------------------------------------- teardown
     def close(self) -> None:
@@ -454,9 +415,8 @@ class WatchdogClient:
         self._closed = True
         self._hb_timeout = None
         self._q[H_CLOSED] = 1
-        hwm = int(self._q[H_HWM])
-        for i in range(hwm):
-            self._d[HEADER_WORDS + i * SLOT_WORDS] = 0.0
+        for i in range(int(self._q[H_HWM])):
+            self._d[_slots.slot_base(i) + S_DEADLINE] = 0.0
         if self._slot_path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self._slot_path)
@@ -467,11 +427,10 @@ class WatchdogClient:
             with contextlib.suppress(ValueError, RuntimeError):
                 faulthandler.unregister(self._dump_signal)
         if self._stack_fh is not None:
-            stack_path = self._stack_fh.name
             self._stack_fh.close()
-            with contextlib.suppress(OSError, TypeError):
-                if os.path.getsize(stack_path) == 0:
-                    os.unlink(stack_path)
+            self._stack_fh = None
+        if self._stack_path is not None:
+            _unlink_if_empty(self._stack_path)
         self.registered = False
         _live_clients.discard(self)
 
@@ -482,3 +441,11 @@ class WatchdogClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _unlink_if_empty(path: str) -> None:
+    """Remove ``path`` when it is an empty regular file (a stack file no dump was written to)."""
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            os.unlink(path)

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
-import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from types import FrameType
 
+from distinit._duration import to_seconds
 from distinit.watchdog._server import WatchdogServer
 
 
 def serve(
     path: str | None = None,
+    *,
     grace: float = 5.0,
     events: str | None = None,
-    *,
     dump_stacks: bool = True,
     kill_group: bool = False,
     resolution: float = 0.02,
@@ -52,14 +51,29 @@ def serve(
     return 0
 
 
+def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
+    """An argparse type: a number of seconds under the one duration policy (a bad value is a usage error)."""
+
+    def parse(text: str) -> float:
+        try:
+            return to_seconds(float(text), "the value", allow_zero=allow_zero)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` options (--path, --grace, --events, --no-dump-stacks, --kill-group, --resolution)."""
     parser.add_argument(
         "--path",
         default=None,
-        help="watchdog directory (default: $DISTINIT_WATCHDOG or /dev/shm/distinit-watchdog-<uid>)",
+        help="watchdog directory (default: $DISTINIT_WATCHDOG, else distinit-watchdog-<uid>[-job-<id>] under "
+        "$XDG_RUNTIME_DIR or /dev/shm)",
     )
-    parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (default 5)")
+    parser.add_argument(
+        "--grace", type=_seconds(allow_zero=True), default=5.0, help="seconds between SIGTERM and SIGKILL (default 5)"
+    )
     parser.add_argument("--events", default=None, help="append one JSON line per event to this file")
     parser.add_argument(
         "--no-dump-stacks",
@@ -67,10 +81,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="do not ask workers for a stack dump before killing them",
     )
-    parser.add_argument("--kill-group", action="store_true", help="also signal the worker's process group")
+    parser.add_argument(
+        "--kill-group",
+        action="store_true",
+        help="also signal the process group the worker leads (never a group it shares with its launcher)",
+    )
     parser.add_argument(
         "--resolution",
-        type=float,
+        type=_seconds(allow_zero=False),
         default=0.02,
         help="longest sleep between deadline checks, seconds (default 0.02)",
     )
@@ -80,8 +98,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Run :func:`serve` with parsed ``serve`` arguments."""
     return serve(
         args.path,
-        args.grace,
-        args.events,
+        grace=args.grace,
+        events=args.events,
         dump_stacks=args.dump_stacks,
         kill_group=args.kill_group,
         resolution=args.resolution,
@@ -95,16 +113,3 @@ def add_watchdog_parser(subparsers: argparse._SubParsersAction[argparse.Argument
     serve_parser = sub.add_parser("serve", help="run the watchdog server until SIGTERM/SIGINT")
     add_serve_arguments(serve_parser)
     serve_parser.set_defaults(handler=run_from_args)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m distinit.watchdog._daemon`` (tests); users run ``distinit watchdog serve``."""
-    parser = argparse.ArgumentParser(prog="python -m distinit.watchdog._daemon")
-    add_serve_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run_from_args(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from distinit.errors import WatchdogError
 
 logger = logging.getLogger("distinit.watchdog")
 
@@ -54,6 +57,37 @@ class WatchdogEvent(BaseModel):
     detail: str = ""
 
 
+# Its public home: reprs and pickles never name a private module. Set after the class is built, because
+# pydantic resolves the field annotations (EventName, Outcome) in the module named by __module__.
+WatchdogEvent.__module__ = "distinit.watchdog"
+
+
+def region_event(
+    event: EventName,
+    *,
+    path: str,
+    pid: int,
+    start_time: int,
+    uid: int,
+    region: tuple[float, float, str, int],
+    **facts: Any,
+) -> WatchdogEvent:
+    """An event about one armed region, ``region`` being (deadline, armed_at, scope, thread); ``facts`` add to it."""
+    deadline, armed_at, scope, thread = region
+    return WatchdogEvent(
+        event=event,
+        path=path,
+        pid=pid,
+        start_time=start_time,
+        uid=uid,
+        scope=scope,
+        thread=thread,
+        after_s=round(deadline - armed_at, 6),
+        deadline=deadline,
+        **facts,
+    )
+
+
 _LEVELS: dict[str, int] = {
     "watchdog.started": logging.INFO,
     "watchdog.stopped": logging.INFO,
@@ -81,16 +115,58 @@ def describe(ev: WatchdogEvent) -> str:
     return f"watchdog: {ev.event.split('.', 1)[1]} {who} on {ev.path}. {ev.detail}".rstrip()
 
 
+def open_events_file(path: str) -> int:
+    """Open ``path`` for appending events; a file descriptor of a regular file this user alone may write.
+
+    The file is created 0600. An existing file is appended to only if it is a regular file of this user
+    that nobody else may write: the events name every stack file and pid, and forged lines would mislead.
+    Opened without following a symlink and without blocking, so a link to another file or a FIFO planted
+    under the name is refused instead of written through or waited on.
+
+    Raises:
+        WatchdogError: the file cannot be opened, or is not one the server may write events to.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise WatchdogError(
+            f"cannot open the events file {path!r}: {exc.strerror or exc}",
+            why="a symlink (ELOOP) or a FIFO with no reader (ENXIO) stands under that name, or it is not writable",
+            fix="pass --events a path in a directory only you can write, e.g. beside the watchdog directory",
+        ) from exc
+    st = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(st.st_mode):
+        problem = "is not a regular file"
+    elif st.st_uid != os.geteuid():
+        problem = f"belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}"
+    elif st.st_mode & 0o022:
+        problem = f"has mode {st.st_mode & 0o777:o}: other users may write (forge) events"
+    if problem is not None:
+        os.close(fd)
+        raise WatchdogError(
+            f"refusing the events file {path!r}: it {problem}",
+            why="someone else created or opened up this file: it could read every event or forge lines",
+            fix="remove it, or pass --events a new path in a directory only you can write",
+        )
+    os.set_blocking(fd, True)
+    return fd
+
+
 class EventSink:
     """Logs every event and appends it to an optional JSONL file (thread-safe, one line per event)."""
 
     def __init__(self, events_path: str | None) -> None:
-        """Open ``events_path`` for appending (created 0600), or only log when None."""
+        """Open ``events_path`` for appending (see :func:`open_events_file`), or only log when None.
+
+        Raises:
+            WatchdogError: the events file is refused.
+        """
         self._lock = threading.Lock()
         self._fh = None
         if events_path is not None:
-            fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._fh = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+            self._fh = os.fdopen(open_events_file(events_path), "a", encoding="utf-8", buffering=1)
 
     def emit(self, ev: WatchdogEvent) -> None:
         """Log ``ev`` and write it to the events file."""

@@ -9,7 +9,9 @@ import threading
 from contextlib import AbstractContextManager
 from datetime import timedelta
 
-from distinit.watchdog._client import ENV_VAR, WatchdogClient, to_seconds
+from distinit._duration import to_seconds
+from distinit.watchdog._client import WatchdogClient, live_client_for
+from distinit.watchdog._protocol import ENV_VAR
 
 logger = logging.getLogger("distinit.watchdog")
 
@@ -27,16 +29,25 @@ _state = _State()
 
 
 def configure(client: WatchdogClient | None) -> None:
-    """Make ``client`` the one :func:`expires` uses; ``None`` undoes it (torch's ``configure`` shape)."""
+    """Make ``client`` the one :func:`expires` uses; ``None`` undoes it (torch's ``configure`` shape).
+
+    ``None`` also re-arms the one-time "no client" warning of :func:`expires`.
+    """
     with _state.lock:
         _state.client = client
+        if client is None:
+            _state.warned = False
 
 
 def configured_client() -> WatchdogClient | None:
-    """The client set by :func:`configure` (or created from ``$DISTINIT_WATCHDOG`` on first use), if any."""
+    """The client set by :func:`configure`, else one for ``$DISTINIT_WATCHDOG``, if any.
+
+    The latter is the process's open client on that directory, or one created on first use.
+    """
     with _state.lock:
-        if _state.client is None and os.environ.get(ENV_VAR):
-            _state.client = WatchdogClient()
+        path = os.environ.get(ENV_VAR)
+        if _state.client is None and path:
+            _state.client = live_client_for(path) or WatchdogClient(path)
         return _state.client
 
 
@@ -45,7 +56,8 @@ def expires(
 ) -> AbstractContextManager[object]:
     """Guard a block: the watchdog kills this process if it runs more than ``after`` seconds.
 
-    Drop-in for ``torch.distributed.elastic.timer.expires``: the same arguments, a change of import. Uses
+    The call shape of ``torch.distributed.elastic.timer.expires`` (``after``, ``scope``, ``client``; see the
+    compatibility table in ``docs/watchdog.md`` for what differs). Uses
     ``client``, else the configured one, else a client for ``$DISTINIT_WATCHDOG`` created on first use.
     With none of those it fails open: the block runs unguarded and one warning is logged.
 
@@ -53,7 +65,7 @@ def expires(
         TypeError: ``after`` is not a number of seconds.
         ValueError: ``after`` is not finite and positive.
     """
-    seconds = to_seconds(after)
+    seconds = to_seconds(after, "after")
     chosen = client or configured_client()
     if chosen is None:
         if not _state.warned:

@@ -51,6 +51,41 @@ def state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+def tgid(pid: int) -> int | None:
+    """The thread-group id (the process id) that ``pid`` belongs to; None if there is no such task.
+
+    ``/proc/<tid>`` exists for every thread, not only for process leaders, and ``kill(tid)`` signals the
+    whole process: a thread id is accepted only where it equals its ``Tgid``.
+    """
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def maps_file(pid: int, dev: int, ino: int) -> bool:
+    """Whether process ``pid`` has the file ``(dev, ino)`` mapped (``/proc/<pid>/maps``).
+
+    A slot table mapped by the process is proof that the process itself created it: nobody else, short of
+    ptrace, can make another process map a file.
+    """
+    want_dev = f"{os.major(dev):02x}:{os.minor(dev):02x}".encode()
+    want_ino = str(ino).encode()
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            for line in fh:
+                fields = line.split(maxsplit=5)
+                if len(fields) >= 5 and fields[4] == want_ino and fields[3] == want_dev:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
 def owner_uid(pid: int) -> int | None:
     """The real uid owning ``/proc/<pid>``, None if the process does not exist."""
     try:
@@ -82,7 +117,7 @@ class ProcessRef:
     @classmethod
     def open(cls, pid: int, expected_start: int | None = None, *, use_pidfd: bool = True) -> ProcessRef | None:
         """Open a handle on ``pid``; None when it is gone, protected, or its start time is not the expected."""
-        if is_protected(pid):
+        if is_protected(pid) or tgid(pid) != pid:
             return None
         pidfd: int | None = None
         if use_pidfd and pidfd_supported():
@@ -103,8 +138,17 @@ class ProcessRef:
         return cls(pid=pid, start=start, pidfd=pidfd, pgid=pgid)
 
     def matches(self) -> bool:
-        """Whether the pid still names the same, not yet exited process."""
-        return start_time(self.pid) == self.start and state(self.pid) not in (None, "Z", "X")
+        """Whether the pid still names the same, not yet exited process (and not a thread of another)."""
+        return (
+            start_time(self.pid) == self.start
+            and state(self.pid) not in (None, "Z", "X")
+            and tgid(self.pid) == self.pid
+        )
+
+    @property
+    def leads_group(self) -> bool:
+        """Whether the process leads its own process group (``setsid``/``setpgid``), so the group is its own."""
+        return self.pgid == self.pid
 
     def alive(self) -> bool:
         """Whether the process has not exited (a zombie counts as exited)."""
@@ -131,8 +175,14 @@ class ProcessRef:
         return True
 
     def send_group(self, sig: int) -> bool:
-        """Send ``sig`` to the worker's process group unless it is ours; False if nothing was sent."""
-        if self.pgid is None or self.pgid <= 1 or self.pgid == os.getpgrp() or not self.matches():
+        """Send ``sig`` to the process group the worker leads; False (nothing sent) for any other group.
+
+        A worker in its launcher's group (``mp.spawn``, a ``Popen`` supervisor) shares it with the launcher
+        and its sibling ranks: signalling that group would kill them all.
+        """
+        if not self.leads_group or self.pgid is None or self.pgid <= 1 or self.pgid == os.getpgrp():
+            return False
+        if not self.matches():
             return False
         try:
             os.killpg(self.pgid, sig)

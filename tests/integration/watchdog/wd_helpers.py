@@ -94,7 +94,9 @@ def start_daemon(workers: Workers, wd_dir: Path, events: Path, *extra: str) -> s
             [
                 sys.executable,
                 "-m",
-                "distinit.watchdog._daemon",
+                "distinit.cli",
+                "watchdog",
+                "serve",
                 "--path",
                 str(wd_dir),
                 "--grace",

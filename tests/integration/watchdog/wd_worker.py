@@ -1,7 +1,8 @@
 """A worker process for the watchdog tests: `python wd_worker.py MODE [ARG]`.
 
-It registers with the server named by DISTINIT_WATCHDOG, prints one JSON line ({"ready": ..., "pid": ...,
-"thread": ..., "registered": ...}) once its region is armed, then hangs (or misbehaves) as MODE says.
+Each MODE is a function below. It registers with the server named by DISTINIT_WATCHDOG, prints one JSON
+line ({"ready": ..., "pid": ..., "thread": ..., "registered": ...}) once its region is armed, then hangs (or
+misbehaves) as MODE says.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
+from distinit.errors import WatchdogError
 from distinit.watchdog import WatchdogClient, configure, expires
 
 
@@ -21,125 +24,182 @@ def say(**facts: object) -> None:
     sys.stdout.flush()
 
 
+def sleep(client: WatchdogClient, after: float, ident: int) -> None:
+    with client.expires(after, scope="sleep-hang"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, reason=client.reason)
+        time.sleep(600)  # hang:sleep
+
+
+def gil(client: WatchdogClient, after: float, ident: int) -> None:
+    with client.expires(after, scope="gil-hang"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        sum(range(10**14))  # one C call holding the GIL: Python signal handlers cannot run
+
+
+def torch_api(client: WatchdogClient, after: float, ident: int) -> None:
+    configure(client)
+    with expires(after=after):  # torch.distributed.elastic.timer's call shape, default scope
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        time.sleep(600)  # hang:torch_api
+
+
+def nested(client: WatchdogClient, after: float, ident: int) -> None:
+    # Same scope twice: the inner region's exit must not disarm the outer one (torch's key clobbers it).
+    with client.expires(after, scope="step"):
+        with client.expires(60, scope="step"):
+            pass
+        with client.expires(60, scope="step"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        time.sleep(600)  # hang:nested
+
+
+def threads(client: WatchdogClient, after: float, ident: int) -> None:
+    hang = threading.Event()
+    done = threading.Event()
+
+    def region(hangs: bool) -> None:
+        for _ in range(2000):
+            with client.expires(after if hangs else 60):  # every thread on the same default-scope line
+                if hangs and not hang.is_set():
+                    hang.set()
+                    done.wait(600)
+
+    fast = [threading.Thread(target=region, args=(False,)) for _ in range(3)]
+    slow = threading.Thread(target=region, args=(True,))
+    slow.start()
+    hang.wait(30)
+    for t in fast:
+        t.start()
+    for t in fast:
+        t.join()
+    say(ready=True, pid=os.getpid(), thread=slow.ident, registered=client.registered)
+    slow.join()
+
+
+def exit_armed(client: WatchdogClient, after: float, ident: int) -> None:
+    with client.expires(60, scope="exits"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        sys.stdin.readline()  # the test tells us when to go
+        os._exit(0)
+
+
+def sigstop(client: WatchdogClient, after: float, ident: int) -> None:
+    with client.expires(after, scope="stopped"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        os.kill(os.getpid(), signal.SIGSTOP)  # stops here
+        time.sleep(600)  # hang:sigstop
+
+
+def ignore_term(client: WatchdogClient, after: float, ident: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with client.expires(after, scope="ignores-term"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        time.sleep(600)  # hang:ignore_term
+
+
+def heartbeat(client: WatchdogClient, after: float, ident: int) -> None:
+    hb = client.heartbeat(after)
+    say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+    for _ in range(10):  # alive for 10 beats spaced well inside the timeout
+        time.sleep(after / 5)
+        hb.beat()
+    say(stopped_beating=True)
+    time.sleep(600)  # hang:heartbeat
+
+
+def load(client: WatchdogClient, after: float, ident: int) -> None:
+    arms = int(sys.argv[3])
+    errors = 0
+    for _ in range(arms):
+        try:
+            with client.expires(60, scope="load"):
+                pass
+        except Exception:
+            errors += 1
+    with client.expires(after, scope="final"):
+        say(
+            ready=True,
+            pid=os.getpid(),
+            thread=ident,
+            registered=client.registered,
+            errors=errors,
+            overflows=client.overflows,
+        )
+        time.sleep(600)  # hang:load
+
+
+def completes(client: WatchdogClient, after: float, ident: int) -> None:
+    for _ in range(100):
+        with client.expires(after, scope="quick"):
+            pass
+    say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, reason=client.reason)
+    with client.expires(after, scope="guarded"):
+        time.sleep(after * 3)
+    say(completed=True)
+
+
+def gloo(client: WatchdogClient, after: float, ident: int) -> None:
+    import torch.distributed as dist
+
+    rank = int(sys.argv[3])
+    store = dist.FileStore(sys.argv[4], 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    if rank == 0:
+        with client.expires(after, scope="barrier"):
+            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+            dist.barrier()  # hang:gloo (rank 1 never joins)
+    else:
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+        time.sleep(600)  # hang:gloo-peer
+
+
+def group(client: WatchdogClient, after: float, ident: int) -> None:
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "600"])  # e.g. a dataloader worker, in our process group
+    with client.expires(after, scope="group"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, child=child.pid)
+        time.sleep(600)  # hang:group
+
+
+def recreate(client: WatchdogClient, after: float, ident: int) -> None:
+    try:
+        WatchdogClient()  # a second client beside the first: refused, not silently unguarded
+    except WatchdogError as exc:
+        second = str(exc).splitlines()[0]
+    else:
+        second = "accepted"
+    client.close()
+    client = WatchdogClient()  # re-created after close(): must be enforced
+    with client.expires(after, scope="recreated"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, second=second)
+        time.sleep(600)  # hang:recreate
+
+
+MODES: dict[str, Callable[[WatchdogClient, float, int], None]] = {
+    "sleep": sleep,
+    "gil": gil,
+    "torch_api": torch_api,
+    "nested": nested,
+    "threads": threads,
+    "exit_armed": exit_armed,
+    "sigstop": sigstop,
+    "ignore_term": ignore_term,
+    "heartbeat": heartbeat,
+    "load": load,
+    "completes": completes,
+    "gloo": gloo,
+    "group": group,
+    "recreate": recreate,
+}
+
+
 def main() -> None:
     mode = sys.argv[1]
     after = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
-    client = WatchdogClient()
-    ident = threading.get_ident()
-    if mode == "sleep":
-        with client.expires(after, scope="sleep-hang"):
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, reason=client.reason)
-            time.sleep(600)  # hang:sleep
-    elif mode == "gil":
-        with client.expires(after, scope="gil-hang"):
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-            sum(range(10**14))  # one C call holding the GIL: Python signal handlers cannot run
-    elif mode == "torch_api":
-        configure(client)
-        with expires(after=after):  # torch.distributed.elastic.timer's call shape, default scope
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-            time.sleep(600)  # hang:torch_api
-    elif mode == "nested":
-        # Same scope twice: the inner region's exit must not disarm the outer one (torch's key clobbers it).
-        with client.expires(after, scope="step"):
-            with client.expires(60, scope="step"):
-                pass
-            with client.expires(60, scope="step"):
-                say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-            time.sleep(600)  # hang:nested
-    elif mode == "threads":
-        hang = threading.Event()
-        done = threading.Event()
-
-        def region(hangs: bool) -> None:
-            for _ in range(2000):
-                with client.expires(after if hangs else 60):  # every thread on the same default-scope line
-                    if hangs and not hang.is_set():
-                        hang.set()
-                        done.wait(600)
-
-        fast = [threading.Thread(target=region, args=(False,)) for _ in range(3)]
-        slow = threading.Thread(target=region, args=(True,))
-        slow.start()
-        hang.wait(30)
-        for t in fast:
-            t.start()
-        for t in fast:
-            t.join()
-        say(ready=True, pid=os.getpid(), thread=slow.ident, registered=client.registered)
-        slow.join()
-    elif mode == "exit_armed":
-        with client.expires(60, scope="exits"):
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-            sys.stdin.readline()  # the test tells us when to go
-            os._exit(0)
-    elif mode == "sigstop":
-        with client.expires(after, scope="stopped"):
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-            os.kill(os.getpid(), signal.SIGSTOP)  # stops here
-            time.sleep(600)  # hang:sigstop
-    elif mode == "ignore_term":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with client.expires(after, scope="ignores-term"):
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-            time.sleep(600)  # hang:ignore_term
-    elif mode == "heartbeat":
-        hb = client.heartbeat(after)
-        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-        for _ in range(10):  # alive for 10 beats spaced well inside the timeout
-            time.sleep(after / 5)
-            hb.beat()
-        say(stopped_beating=True)
-        time.sleep(600)  # hang:heartbeat
-    elif mode == "load":
-        arms = int(sys.argv[3])
-        errors = 0
-        for _ in range(arms):
-            try:
-                with client.expires(60, scope="load"):
-                    pass
-            except Exception:
-                errors += 1
-        with client.expires(after, scope="final"):
-            say(
-                ready=True,
-                pid=os.getpid(),
-                thread=ident,
-                registered=client.registered,
-                errors=errors,
-                overflows=client.overflows,
-            )
-            time.sleep(600)  # hang:load
-    elif mode == "completes":
-        for _ in range(100):
-            with client.expires(after, scope="quick"):
-                pass
-        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, reason=client.reason)
-        with client.expires(after, scope="guarded"):
-            time.sleep(after * 3)
-        say(completed=True)
-    elif mode == "gloo":
-        import torch.distributed as dist
-
-        rank = int(sys.argv[3])
-        store = dist.FileStore(sys.argv[4], 2)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-        if rank == 0:
-            with client.expires(after, scope="barrier"):
-                say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-                dist.barrier()  # hang:gloo (rank 1 never joins)
-        else:
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
-            time.sleep(600)  # hang:gloo-peer
-    elif mode == "group":
-        import subprocess
-
-        child = subprocess.Popen(["sleep", "600"])  # e.g. a dataloader worker, in our process group
-        with client.expires(after, scope="group"):
-            say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, child=child.pid)
-            time.sleep(600)  # hang:group
-    else:
+    if mode not in MODES:
         raise SystemExit(f"unknown mode {mode!r}")
+    MODES[mode](WatchdogClient(), after, threading.get_ident())
 
 
 if __name__ == "__main__":

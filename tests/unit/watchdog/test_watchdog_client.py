@@ -14,7 +14,6 @@ import pytest
 
 from distinit.errors import WatchdogError
 from distinit.watchdog import WatchdogClient, _slots, configure, expires
-from distinit.watchdog._client import to_seconds
 
 
 @pytest.fixture
@@ -181,25 +180,38 @@ def test_close_removes_the_table_and_is_idempotent(tmp_path: Path) -> None:
     [
         pytest.param(0, ValueError, "> 0", id="zero"),
         pytest.param(-1.0, ValueError, "> 0", id="negative"),
-        pytest.param(float("nan"), ValueError, "finite", id="nan"),
+        pytest.param(float("nan"), ValueError, "NaN", id="nan"),
         pytest.param(float("inf"), ValueError, "finite", id="inf"),
         pytest.param("60", TypeError, "str", id="string"),
         pytest.param(True, TypeError, "bool", id="bool"),
         pytest.param(None, TypeError, "NoneType", id="none"),
     ],
 )
-def test_bad_durations_are_rejected_up_front(after: object, error: type[Exception], match: str) -> None:
-    with pytest.raises(error, match=match):
-        to_seconds(after)  # type: ignore[arg-type]
+def test_bad_durations_are_rejected_up_front(
+    client: WatchdogClient, after: object, error: type[Exception], match: str
+) -> None:
+    for call in (client.expires, client.arm, client.heartbeat, expires):
+        with pytest.raises(error, match=match):
+            call(after)  # type: ignore[arg-type]
 
 
 def test_module_expires_fails_open_without_a_client(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv("DISTINIT_WATCHDOG", raising=False)
+    configure(None)  # also re-arms the one-time warning, whatever earlier tests did
+    with caplog.at_level(logging.WARNING, logger="distinit.watchdog"):
+        for _ in range(3):
+            with expires(after=5):
+                pass
+    (record,) = caplog.records  # one warning, not one per call
+    assert record.distinit == {"event": "watchdog.fail_open", "reason": "no client"}  # type: ignore[attr-defined]
+    assert "running unguarded" in record.getMessage()
+    caplog.clear()
     configure(None)
     with caplog.at_level(logging.WARNING, logger="distinit.watchdog"), expires(after=5):
         pass
+    assert len(caplog.records) == 1  # configure(None) reset the warned flag
 
 
 def test_module_expires_uses_the_configured_client(client: WatchdogClient) -> None:
@@ -249,3 +261,59 @@ def test_double_disarm_never_hands_a_slot_out_twice(client: WatchdogClient) -> N
     assert a != b
     client.disarm(a)
     client.disarm(b)
+
+
+def test_close_removes_the_stack_file_too(tmp_path: Path) -> None:
+    c = WatchdogClient(str(tmp_path / "wd"), dump_stacks=True)
+    assert {p.suffix for p in (tmp_path / "wd").iterdir()} == {".slots", ".stack"}
+    c.close()
+    assert list((tmp_path / "wd").iterdir()) == []  # the promise: this process's files are removed
+
+
+@pytest.mark.parametrize("handle", [-1, 0, _slots.NSLOTS, _slots.NSLOTS + 5, 2**40, -(2**40)])
+def test_disarm_of_any_handle_never_raises(client: WatchdogClient, handle: int) -> None:
+    armed = client.arm(60, scope="kept")
+    client.disarm(handle)  # documented never to raise: out of range is a no-op
+    reader = reader_for(client)
+    assert [s for s, _ in reader.armed()] == [armed]  # and it disarmed nothing else
+    reader.close()
+    client.disarm(armed)
+
+
+def test_a_second_client_on_one_path_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from distinit.watchdog._global import configured_client
+
+    with caplog.at_level(logging.WARNING, logger="distinit.watchdog"):
+        first = WatchdogClient(str(tmp_path / "wd"), dump_stacks=False)
+        with pytest.raises(WatchdogError, match="already has an open WatchdogClient") as caught:
+            WatchdogClient(str(tmp_path / "wd" / "."), dump_stacks=False)  # the same directory, spelled otherwise
+        assert "close()" in caught.value.fix
+        first.close()
+        again = WatchdogClient(str(tmp_path / "wd"), dump_stacks=False)  # after close(): a fresh table
+    reader = reader_for(again)
+    with again.expires(30, scope="fresh"):
+        assert [reader.slot_info(s)[2] for s, _ in reader.armed()] == ["fresh"]
+    reader.close()
+    monkeypatch.setenv("DISTINIT_WATCHDOG", str(tmp_path / "wd"))
+    configure(None)
+    try:
+        assert configured_client() is again  # expires() shares the process's client instead of raising
+    finally:
+        configure(None)
+        again.close()
+
+
+def test_a_fifo_planted_as_the_stack_file_cannot_hang_the_client(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from distinit.watchdog import _proc
+
+    wd = tmp_path / "wd"
+    wd.mkdir(mode=0o700)
+    os.mkfifo(wd / _slots.stack_file_name(os.getpid(), _proc.start_time(os.getpid()) or 0), 0o600)
+    with caplog.at_level(logging.WARNING, logger="distinit.watchdog"):
+        c = WatchdogClient(str(wd), dump_stacks=True)  # used to block in open() until a reader came
+    assert any(r.distinit["event"] == "watchdog.no_dump" for r in caplog.records)  # type: ignore[attr-defined]
+    c.close()

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from distinit.errors import WatchdogError
 from distinit.watchdog import WatchdogEvent
 from distinit.watchdog._events import EventSink, describe
 
@@ -64,3 +66,39 @@ def test_describe_other_events() -> None:
     note = WatchdogEvent(event="watchdog.exited_armed", pid=5, scope="s")
     assert "forgotten (not killed)" in describe(note)
     assert "started server on /p" in describe(WatchdogEvent(event="watchdog.started", path="/p"))
+
+
+def test_sink_appends_to_an_existing_file_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text("earlier\n")
+    path.chmod(0o600)
+    sink = EventSink(str(path))
+    sink.emit(_expired())
+    sink.close()
+    assert path.read_text().startswith("earlier\n{")
+
+
+def test_sink_never_follows_a_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "events.jsonl"
+    link.symlink_to(victim)
+    with pytest.raises(WatchdogError, match="cannot open the events file"):
+        EventSink(str(link))
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.timeout(10)
+def test_sink_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "events.jsonl"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(WatchdogError, match="cannot open the events file"):
+        EventSink(str(fifo))  # no reader: a blocking open would wait for ever
+
+
+def test_sink_refuses_a_file_others_may_write(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text("")
+    path.chmod(0o666)
+    with pytest.raises(WatchdogError, match="forge"):
+        EventSink(str(path))

@@ -11,9 +11,10 @@ from distinit.watchdog._proc import ProcessRef
 class StandIn(ProcessRef):
     """A handle that records signals; ``dies_on`` says which signal ends it (None: nothing does, like D-state)."""
 
-    def __init__(self, dies_on: int | None, gone: bool = False) -> None:
-        super().__init__(pid=2**22 + 7, start=1)
+    def __init__(self, dies_on: int | None, gone: bool = False, pgid: int | None = None) -> None:
+        super().__init__(pid=2**22 + 7, start=1, pgid=pgid)
         self.sent: list[int] = []
+        self.group_sent: list[int] = []
         self.dies_on = dies_on
         self.dead = gone
 
@@ -33,6 +34,10 @@ class StandIn(ProcessRef):
 
     def wait_exit(self, timeout: float) -> bool:
         return self.dead
+
+    def send_group(self, sig: int) -> bool:
+        self.group_sent.append(sig)
+        return True
 
 
 def test_sigterm_enough_with_grace() -> None:
@@ -60,3 +65,15 @@ def test_an_already_dead_worker_is_never_signalled() -> None:
     proc = StandIn(dies_on=None, gone=True)
     result = run_ladder(proc, signal.SIGRTMIN + 6, "/nonexistent", LadderConfig())
     assert (result.outcome, result.signals, proc.sent) == ("exited", [], [])
+
+
+def test_kill_group_signals_only_a_group_the_worker_leads() -> None:
+    leader = StandIn(dies_on=signal.SIGKILL, pgid=2**22 + 7)  # its own setsid/setpgid
+    result = run_ladder(leader, 0, None, LadderConfig(grace=0.0, dump_stacks=False, kill_group=True))
+    assert leader.group_sent == [signal.SIGCONT, signal.SIGTERM, signal.SIGKILL]
+    assert "process group" not in result.detail
+    member = StandIn(dies_on=signal.SIGKILL, pgid=4242)  # in its launcher's group, beside sibling ranks
+    result = run_ladder(member, 0, None, LadderConfig(grace=0.0, dump_stacks=False, kill_group=True))
+    assert member.group_sent == []
+    assert result.outcome == "killed"
+    assert "does not lead its process group (pgid 4242" in result.detail

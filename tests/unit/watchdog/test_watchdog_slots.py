@@ -36,7 +36,7 @@ def test_table_round_trip(tmp_path: Path) -> None:
 def test_reader_refuses_a_file_of_another_owner(tmp_path: Path) -> None:
     path = tmp_path / "1.2.slots"
     _slots.create_table(str(path), 1, 2).close()
-    with pytest.raises(ValueError, match="not a slot table owned by uid"):
+    with pytest.raises(ValueError, match="not a 0600 slot table owned by uid"):
         _slots.TableReader(str(path), os.geteuid() + 1)
 
 
@@ -47,6 +47,7 @@ def test_reader_refuses_a_truncated_or_foreign_file(tmp_path: Path) -> None:
         _slots.TableReader(str(short), os.geteuid())
     junk = tmp_path / "3.4.slots"
     junk.write_bytes(b"\0" * _slots.FILE_SIZE)
+    junk.chmod(0o600)
     with pytest.raises(ValueError, match="bad slot-table header"):
         _slots.TableReader(str(junk), os.geteuid())
 
@@ -69,6 +70,11 @@ def test_reader_refuses_a_symlink(tmp_path: Path) -> None:
         pytest.param("-1.345.slots", None, id="negative"),
         pytest.param("a.b.slots", None, id="letters"),
         pytest.param("sock", None, id="socket"),
+        pytest.param("².1.slots", None, id="superscript-digit"),
+        pytest.param("1.².slots", None, id="superscript-start"),
+        pytest.param("١٢٣.4.slots", None, id="arabic-indic-digits"),
+        pytest.param("１.2.slots", None, id="fullwidth-digit"),
+        pytest.param("9" * 11 + ".1.slots", None, id="pid-too-long"),
         pytest.param("", None, id="empty"),
     ],
 )
@@ -80,3 +86,39 @@ def test_scope_names_are_cut_on_a_character_boundary() -> None:
     raw = _slots.encode_scope("é" * 200)
     assert len(raw) <= _slots.SCOPE_BYTES - 1
     assert raw.decode("utf-8") == "é" * (len(raw) // 2)
+
+
+def _armed_table(path: Path) -> None:
+    mm = _slots.create_table(str(path), 1, 2)
+    memoryview(mm).cast("Q")[_slots.H_HWM] = 1
+    memoryview(mm).cast("d")[_slots.slot_base(0) + _slots.S_DEADLINE] = 5.0
+    mm.close()
+
+
+@pytest.mark.parametrize("size", [0, _slots.SLOTS_OFFSET - 8, _slots.SLOTS_OFFSET + 8])
+def test_a_table_truncated_under_the_reader_raises_instead_of_sigbus(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "1.2.slots"
+    _armed_table(path)
+    reader = _slots.TableReader(str(path), os.geteuid())
+    assert reader.armed() == [(0, 5.0)]
+    os.truncate(path, size)  # a mapped reader would die here with SIGBUS on its next read
+    with pytest.raises(_slots.TableDamaged, match="truncated"):
+        reader.armed()
+    reader.close()
+    reader.close()  # idempotent
+
+
+@pytest.mark.timeout(10)
+def test_reader_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "1.2.slots"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ValueError, match="not a 0600 slot table"):
+        _slots.TableReader(str(fifo), os.geteuid())  # a blocking open would wait for a writer for ever
+
+
+def test_reader_refuses_a_table_others_may_write(tmp_path: Path) -> None:
+    path = tmp_path / "1.2.slots"
+    _armed_table(path)
+    path.chmod(0o666)
+    with pytest.raises(ValueError, match="mode 100666"):
+        _slots.TableReader(str(path), os.geteuid())

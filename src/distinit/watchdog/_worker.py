@@ -1,0 +1,78 @@
+"""One watched worker: a verified process handle and its slot table, opened and released by the server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+from dataclasses import dataclass, field
+
+from distinit.watchdog import _proc, _slots
+
+
+@dataclass
+class Worker:
+    """One verified worker process and its slot table."""
+
+    ref: _proc.ProcessRef
+    table: _slots.TableReader
+    uid: int
+    stack_path: str
+    sock: socket.socket | None = None
+    busy: bool = False  # a kill ladder is running
+    unkillable: bool = False
+    exited: bool = False
+    key: tuple[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = (self.ref.pid, self.ref.start)
+
+
+def open_worker(directory: str, pid: int, start: int, uid: int, *, use_pidfd: bool, adopting: bool) -> Worker | str:
+    """Verify process ``pid`` (started at ``start``) and open its table; the worker, or why not.
+
+    ``adopting`` is True for a table found by the directory scan rather than announced over the socket: the
+    process must then have the table mapped, proof that it created the table itself (a file alone, planted
+    by anyone who can write the directory, never makes the server kill a process).
+    """
+    if _proc.owner_uid(pid) != uid:
+        return f"pid {pid} is not owned by uid {uid}"
+    ref = _proc.ProcessRef.open(pid, start, use_pidfd=use_pidfd)
+    if ref is None:
+        return f"pid {pid} (start time {start}) is gone, protected, or not a process leader"
+    table_path = os.path.join(directory, _slots.slot_file_name(pid, start))
+    try:
+        table = _slots.TableReader(table_path, uid)
+    except (OSError, ValueError) as exc:
+        ref.close()
+        return f"no valid slot table for pid {pid}: {exc}"
+    problem = None
+    if table.pid != pid or table.start != start:
+        problem = f"slot table {table_path!r} names pid {table.pid}/{table.start}, the kernel says {pid}/{start}"
+    elif adopting and not _proc.maps_file(pid, table.dev, table.ino):
+        problem = (
+            f"pid {pid} has not mapped {table_path!r}: it never created a watchdog client "
+            "(a table planted by someone else)"
+        )
+    if problem is not None:
+        table.close()
+        ref.close()
+        return problem
+    return Worker(ref=ref, table=table, uid=uid, stack_path=os.path.join(directory, _slots.stack_file_name(pid, start)))
+
+
+def release(w: Worker, *, unlink: bool) -> None:
+    """Close the worker's handles; with ``unlink``, remove its table (if still this one) and empty stack file."""
+    w.ref.close()
+    w.table.close()
+    if not unlink:
+        return
+    with contextlib.suppress(OSError):
+        st = os.lstat(w.table.path)
+        if (st.st_dev, st.st_ino) == (w.table.dev, w.table.ino):  # not a table re-created since
+            os.unlink(w.table.path)
+    with contextlib.suppress(OSError):
+        st = os.lstat(w.stack_path)
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            os.unlink(w.stack_path)
