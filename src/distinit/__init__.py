@@ -17,7 +17,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from distinit.errors import (
+    BroadcastError,
     BroadcastMismatchError,
+    BroadcastTimeoutError,
     ConflictingEnvError,
     DistinitError,
     DistributedTestError,
@@ -89,7 +91,9 @@ __all__ = [
     "AttemptRecord",
     "AutoTimeout",
     "Backoff",
+    "BroadcastError",
     "BroadcastMismatchError",
+    "BroadcastTimeoutError",
     "ConflictingEnvError",
     "DistEnv",
     "DistinitError",

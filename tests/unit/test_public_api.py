@@ -81,3 +81,27 @@ def test_error_classes_appear_in_troubleshooting() -> None:
 def test_capability_packages_import() -> None:
     for name in ("distinit.env", "distinit.errors", "distinit.cli"):
         importlib.import_module(name)
+
+
+def test_public_classes_name_their_public_module() -> None:
+    # Pickles and reprs must not name private modules (distinit.watchdog._client.WatchdogClient): a private
+    # module may move in any release, and an unpickler would then fail to find the class.
+    packages = (
+        "distinit",
+        "distinit.errors",
+        "distinit.env",
+        "distinit.init",
+        "distinit.watchdog",
+        "distinit.broadcast",
+        "distinit.testing",
+    )
+    bad = []
+    for package in packages:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) and obj.__module__ not in packages:
+                bad.append(f"{package}.{name}: __module__ is {obj.__module__!r}")
+            elif inspect.isclass(obj):
+                assert getattr(importlib.import_module(obj.__module__), obj.__qualname__) is obj
+    assert not bad, "\n".join(bad)
