@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from distinit._foreign import first_line
+
 #: Why an attempt failed in a way that waiting may cure.
 FailureKind = Literal[
     "refused",  # nothing listens on MASTER_PORT yet (master not up)
@@ -32,3 +34,8 @@ class AttemptFailed(Exception):
         self.kind: FailureKind = kind
         self.detail = detail
         self.missing_ranks = missing_ranks
+
+
+def quote(exc: BaseException) -> str:
+    """A foreign error (torch, gloo, the OS) as ``Type: first line`` for an attempt's detail."""
+    return f"{type(exc).__name__}: {first_line(exc, limit=200)}"

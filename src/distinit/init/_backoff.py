@@ -32,3 +32,8 @@ class Backoff(BaseModel):
             raise ValueError(f"attempt must be >= 1, got {attempt!r}")
         base = min(self.cap, self.initial * self.factor ** min(attempt - 1, 60))
         return base + (rng.uniform(0.0, self.jitter) if self.jitter else 0.0)
+
+
+# Their public home, set once built (pydantic resolves the annotations in the defining module): reprs and
+# pickles never name a private module.
+Backoff.__module__ = "distinit.init"

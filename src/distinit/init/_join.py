@@ -21,11 +21,12 @@ import os
 import socket
 import time
 import uuid
-from datetime import timedelta
+from collections.abc import Callable
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import Store
+from torch.distributed import Store
 
+from distinit._duration import to_timedelta
 from distinit.errors import RendezvousError
 from distinit.init import _messages
 from distinit.init._attempt import AttemptFailed
@@ -37,6 +38,12 @@ PROGRESS_FIRST = 10.0
 PROGRESS_EVERY = 30.0
 #: Longest time the store host stays up after a verdict so that peers can read it.
 LINGER = 3.0
+#: Waiting for a key: first one blocking store wait of at most FAST_WAIT s (it wakes the moment the key is
+#: set: the common case at start-up, when ranks arrive within milliseconds), then a poll every POLL s. A
+#: store wait cannot be called off and logs a c10d warning each time it times out, while a poll is one
+#: round trip between sleeps that the caller can cut short.
+FAST_WAIT = 1.0
+POLL = 0.25
 
 
 def _pid_alive(pid: int) -> bool:
@@ -94,6 +101,7 @@ class JoinProtocol:
         hosting: bool,
         claimant: Claimant | None = None,
         deadline: float = 0.0,
+        resumed: bool = False,
     ) -> None:
         self.store = store
         self.namespace = namespace
@@ -103,6 +111,8 @@ class JoinProtocol:
         self.hosting = hosting
         self.me = claimant or Claimant()
         self.deadline = deadline
+        # True when this call reuses the namespace of an interrupted call of this process (see enter()).
+        self.resumed = resumed
         self._entered: set[int] = set()
         self._waiting_since: float | None = None
         self._next_progress: float | None = None
@@ -160,7 +170,10 @@ class JoinProtocol:
                 )
         claim_key = self._key(generation, f"claim/{self.rank}")
         me = self.me.encode()
+        # A resumed namespace may hold our own claim from the interrupted call before: counted then already.
+        claimed_before = self.resumed and self.store.check([claim_key])
         holder = _text(self.store.compare_set(claim_key, "", me))
+        counted = claimed_before and holder == me
         takeover = False
         if holder != me:
             host, pid = holder.split("|")[:2]
@@ -180,11 +193,13 @@ class JoinProtocol:
                     ),
                 )
         self._entered.add(generation)
-        if not takeover and self.store.add(self._key(generation, "joined"), 1) >= self.world_size:
+        if not (takeover or counted) and self.store.add(self._key(generation, "joined"), 1) >= self.world_size:
             self.store.compare_set(self._key(generation, "state"), "", "ok")
 
-    def wait(self, generation: int, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds until every rank joined ``generation``.
+    def wait(self, generation: int, timeout: float, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Wait up to ``timeout`` seconds until every rank joined ``generation`` (see :func:`wait_for_key`).
+
+        ``sleep`` pauses between polls; it may raise to call the wait off (the caller gave up).
 
         Raises:
             AttemptFailed: (kind ``join``) not all ranks joined in time; names the missing ranks.
@@ -192,37 +207,24 @@ class JoinProtocol:
         """
         key = self._key(generation, "state")
         now = time.monotonic()
-        end = now + max(timeout, 0.0)
         if self._waiting_since is None:
             self._waiting_since = now
             self._next_progress = now + PROGRESS_FIRST
-        while True:
-            now = time.monotonic()
-            left = end - now
-            if left <= 0:
-                state = self._get_now(key)  # a last look: the last "ok" may have arrived as the wait ended
-                if state == "ok":
-                    return
-                if state is not None:
-                    raise self._read_verdict(generation, state)
+        if not wait_for_key(
+            self.store, key, now + max(timeout, 0.0), sleep=sleep, tick=lambda: self._progress(generation)
+        ):
+            state = self._get_now(key)  # a last look: the last "ok" may have arrived as the wait ended
+            if state is None:
                 missing = tuple(self.missing(generation))
-                joined = self.world_size - len(missing)
                 raise AttemptFailed(
                     "join",
-                    f"{joined}/{self.world_size} ranks joined generation {generation}, missing ranks "
-                    f"{_messages._ranks(missing)}",
+                    f"{self.world_size - len(missing)}/{self.world_size} ranks joined generation {generation}, "
+                    f"missing ranks {_messages._ranks(missing)}",
                     missing_ranks=missing,
                 )
-            self._progress(generation)
-            next_progress = self._next_progress if self._next_progress is not None else end
-            step = max(0.01, min(left, next_progress - now))
-            try:
-                self.store.wait([key], timedelta(seconds=step))
-            except dist.DistStoreError:
-                continue  # a wait slice ended: log progress if due, then wait on
+        else:
             state = _text(self.store.get(key))
-            if state == "ok":
-                return
+        if state != "ok":
             raise self._read_verdict(generation, state)
 
     def missing(self, generation: int) -> list[int]:
@@ -249,30 +251,7 @@ class JoinProtocol:
         if self._next_progress is None or now < self._next_progress or self._waiting_since is None:
             return
         self._next_progress = now + PROGRESS_EVERY
-        missing = self.missing(generation)
-        waited = now - self._waiting_since
-        logger.info(
-            "rank %d: waiting for ranks %s to join rendezvous %s (generation %d): %d/%d joined, %.0f s of %.0f s",
-            self.rank,
-            _messages._ranks(missing),
-            self.master,
-            generation,
-            self.world_size - len(missing),
-            self.world_size,
-            waited,
-            self.deadline,
-            extra={
-                "distinit": {
-                    "event": "init.waiting",
-                    "rank": self.rank,
-                    "generation": generation,
-                    "missing_ranks": missing[:64],
-                    "joined": self.world_size - len(missing),
-                    "world_size": self.world_size,
-                    "waited_s": round(waited, 1),
-                }
-            },
-        )
+        _log_waiting(self, generation, missing=self.missing(generation), waited=now - self._waiting_since)
 
     def _publish(self, generation: int, verdict: RendezvousError) -> None:
         text = _messages.verdict_to_json(verdict)
@@ -304,3 +283,62 @@ class JoinProtocol:
             if seen >= joined:
                 return
             time.sleep(0.05)
+
+
+def _log_waiting(join: JoinProtocol, generation: int, *, missing: list[int], waited: float) -> None:
+    """The rate-limited progress record while ranks are missing."""
+    logger.info(
+        "rank %d: waiting for ranks %s to join rendezvous %s (generation %d): %d/%d joined, %.0f s of %.0f s",
+        join.rank,
+        _messages._ranks(missing),
+        join.master,
+        generation,
+        join.world_size - len(missing),
+        join.world_size,
+        waited,
+        join.deadline,
+        extra={
+            "distinit": {
+                "event": "init.waiting",
+                "rank": join.rank,
+                "generation": generation,
+                "missing_ranks": missing[:64],
+                "joined": join.world_size - len(missing),
+                "world_size": join.world_size,
+                "waited_s": round(waited, 1),
+            }
+        },
+    )
+
+
+def wait_for_key(
+    store: Store,
+    key: str,
+    end: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    tick: Callable[[], None] = lambda: None,
+) -> bool:
+    """Wait until ``key`` exists on ``store`` or the monotonic time ``end``; True if it exists.
+
+    ``sleep`` pauses between polls (and may raise to call the wait off); ``tick`` runs at every poll.
+
+    Raises:
+        torch.distributed.DistError: the store failed (other than a wait timing out).
+    """
+    first = min(FAST_WAIT, end - time.monotonic())
+    if first > 0:
+        try:
+            store.wait([key], to_timedelta(first))
+            return True
+        except dist.DistStoreError:
+            pass  # not yet: poll from now on
+    while True:
+        sleep(0.0)  # give the caller a chance to call the wait off
+        tick()
+        if store.check([key]):
+            return True
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        sleep(min(left, POLL))

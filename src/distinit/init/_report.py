@@ -58,3 +58,9 @@ class InitReport(BaseModel):
             f"rank {self.rank}/{self.world_size}: {self.backend} process group formed in {self.elapsed:.2f} s "
             f"after {len(self.attempts)} attempt(s) via {self.store} store at {self.master}"
         )
+
+
+# Their public home, set once built (pydantic resolves the annotations in the defining module): reprs and
+# pickles never name a private module.
+AttemptRecord.__module__ = "distinit.init"
+InitReport.__module__ = "distinit.init"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import torch
@@ -14,10 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.init._api import init_with_retry
+from distinit.init._backend import choose_backend
 from distinit.init._backoff import Backoff
+from distinit.init._bounds import Bounds
+from distinit.init._flight import SingleFlight
+from distinit.init._handover import OVERRUN_GRACE
 from distinit.init._report import InitReport
 
 logger = logging.getLogger("distinit.init")
+
+_ONE_AT_A_TIME = SingleFlight("setup()")
 
 
 class SetupResult(BaseModel):
@@ -28,6 +35,11 @@ class SetupResult(BaseModel):
     env: DistEnv = Field(description="The world, resolved from the launcher and exported to os.environ.")
     report: InitReport = Field(description="How the process group formed.")
     device: str = Field(description='The device this rank computes on: "cuda:N" or "cpu".')
+
+
+# Their public home, set once built (pydantic resolves the annotations in the defining module): reprs and
+# pickles never name a private module.
+SetupResult.__module__ = "distinit.init"
 
 
 class _Current:
@@ -59,7 +71,7 @@ def setup(
     Args:
         backend: as :func:`init_with_retry` (None: NCCL if this rank's ``local_rank`` names a GPU, else gloo).
         environ: variables to resolve the world from; default ``os.environ``.
-        deadline: total seconds for rendezvous.
+        deadline: total seconds (or ``timedelta``) for rendezvous; ``math.inf``: no limit.
         attempt_timeout: one attempt's bound.
         pg_timeout: collective timeout after init (torch default if None).
         backoff: pause policy between attempts.
@@ -69,33 +81,44 @@ def setup(
     Returns:
         A :class:`SetupResult` with the ``DistEnv``, the ``InitReport`` and the device.
 
+    Concurrent calls from several threads run one setup and all return its result (or its error).
+
     Raises:
         SchedulerEnvError: the launcher variables are missing or contradictory.
         RendezvousError: any error of :func:`init_with_retry`.
+        TypeError: a duration is not seconds or a ``timedelta``; nothing was exported or bound.
+        ValueError: a duration is NaN, zero or negative; nothing was exported or bound.
     """
+    # Validated before any effect (export, device binding): a bad duration changes nothing.
+    bounds = Bounds.of(deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout)
+    init = functools.partial(
+        init_with_retry,
+        deadline=deadline,
+        attempt_timeout=attempt_timeout,
+        pg_timeout=pg_timeout,
+        backoff=backoff,
+        verify=verify,
+    )
+    call = functools.partial(_setup, backend, environ=environ, strict=strict, init=init)
+    return _ONE_AT_A_TIME.run(call, rank=None, patience=bounds.deadline + OVERRUN_GRACE)
+
+
+def _setup(
+    backend: str | None, *, environ: Mapping[str, str] | None, strict: bool, init: Callable[..., InitReport]
+) -> SetupResult:
+    """setup() itself, run by one thread of the process at a time."""
     current = _Current.result
     if current is not None and dist.is_initialized():
         return current
     env = env_from_scheduler(environ, strict=strict, export=True)
-    use_cuda = backend == "nccl" or (
-        backend is None and torch.cuda.is_available() and env.local_rank < torch.cuda.device_count()
-    )
+    chosen = choose_backend(backend, local_rank=env.local_rank)
     device_id: torch.device | None = None
     device = "cpu"
-    if use_cuda:
+    if chosen == "nccl":
         torch.cuda.set_device(env.local_rank)
         device_id = torch.device("cuda", env.local_rank)
         device = f"cuda:{env.local_rank}"
-    report = init_with_retry(
-        backend,
-        env=env,
-        deadline=deadline,
-        attempt_timeout=attempt_timeout,
-        pg_timeout=pg_timeout,
-        device_id=device_id,
-        backoff=backoff,
-        verify=verify,
-    )
+    report = init(chosen, env=env, device_id=device_id)
     result = SetupResult(env=env, report=report, device=device)
     _Current.result = result
     if not _Current.atexit_registered:

@@ -10,12 +10,12 @@ joined with a bound.
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
+from torch.distributed import TCPStore
 
-from distinit.init._attempt import AttemptFailed
+from distinit._duration import to_timedelta, wait_bound
+from distinit.init._attempt import AttemptFailed, quote
 
 _BUSY_MARKERS = ("EADDRINUSE", "Address already in use", "errno: 98")
 
@@ -40,12 +40,12 @@ def host_store(host: str, port: int, *, timeout: float) -> TCPStore:
             is_master=True,
             wait_for_workers=False,
             multi_tenant=True,
-            timeout=timedelta(seconds=max(timeout, 0.1)),
+            timeout=to_timedelta(max(timeout, 0.1)),
         )
     except (dist.DistError, RuntimeError) as exc:
         if is_port_busy(exc):
             raise AttemptFailed("port_busy", f"cannot bind MASTER_PORT={port}: address already in use") from exc
-        raise AttemptFailed("store", f"cannot host the store on port {port}: {_head(exc)}") from exc
+        raise AttemptFailed("store", f"cannot host the store on port {port}: {quote(exc)}") from exc
 
 
 def connect_store(host: str, port: int, *, timeout: float) -> TCPStore:
@@ -59,9 +59,7 @@ def connect_store(host: str, port: int, *, timeout: float) -> TCPStore:
 
     def build() -> None:
         try:
-            box["store"] = TCPStore(
-                host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=bound)
-            )
+            box["store"] = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=to_timedelta(bound))
         except BaseException as exc:  # handed to the caller below
             box["error"] = exc
 
@@ -69,18 +67,13 @@ def connect_store(host: str, port: int, *, timeout: float) -> TCPStore:
     # behind (it ends when the peer closes or the process exits) and the attempt fails.
     thread = threading.Thread(target=build, name="distinit-store-connect", daemon=True)
     thread.start()
-    thread.join(bound + 2.0)
+    thread.join(wait_bound(bound + 2.0))
     if thread.is_alive():
         raise AttemptFailed("store", f"the store handshake with {host}:{port} did not complete in {bound:.1f} s")
     error = box.get("error")
     if isinstance(error, BaseException):
-        raise AttemptFailed("store", f"cannot connect to the store at {host}:{port}: {_head(error)}") from error
+        raise AttemptFailed("store", f"cannot connect to the store at {host}:{port}: {quote(error)}") from error
     store = box["store"]
     if not isinstance(store, TCPStore):
         raise AttemptFailed("store", "the store connection returned no store")
     return store
-
-
-def _head(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"

@@ -6,6 +6,8 @@ as a dict), ``start_after`` (seconds; the late start IS the scenario), ``mode`` 
 ``after_file`` (wait for this file, a peer's "calling now" mark, before ``start_after``),
 ``hold`` (seconds to keep the group alive after success), ``call_again`` (after a failure, call
 ``init_with_retry`` once more in the same process and record the outcome as ``again``).
+Modes ``interrupted`` (Ctrl-C during the wait, then a proper init; needs ``peer_started``) and
+``threads`` (``call``: ``setup`` or ``init`` from two threads at once) are described at their functions.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
@@ -50,7 +54,7 @@ def main() -> None:
     if spec.get("mode") == "die_in_join":
         from distinit.init import _join
 
-        def die_waiting(self: object, generation: int, timeout: float) -> None:
+        def die_waiting(self: object, generation: int, timeout: float, **kwargs: object) -> None:
             os._exit(4)
 
         _join.JoinProtocol.wait = die_waiting  # type: ignore[method-assign]
@@ -74,6 +78,10 @@ def main() -> None:
     try:
         if spec.get("mode") == "setup":
             result.update(setup_sequence(kwargs))
+        elif spec.get("mode") == "interrupted":
+            result.update(interrupted_sequence(kwargs, out=out, peer_started=spec["peer_started"]))
+        elif spec.get("mode") == "threads":
+            result.update(threads_sequence(kwargs, call=spec["call"]))
         else:
             report = init_with_retry(**kwargs)
             result.update(ok=True, report=json.loads(report.model_dump_json()))
@@ -134,6 +142,78 @@ def setup_sequence(kwargs: dict[str, object]) -> dict[str, object]:
         "device": first.device,
         "exported_rank": os.environ.get("RANK"),
     }
+
+
+def interrupted_sequence(kwargs: dict[str, Any], *, out: str, peer_started: str) -> dict[str, object]:
+    """init_with_retry until SIGINT (sent by the test) interrupts it; then, with the peer started, watch that
+    no group forms behind our back, and call init_with_retry again: it must form the world with the peer."""
+    import socket
+
+    import torch.distributed as dist
+
+    from distinit.init import init_with_retry
+
+    try:
+        init_with_retry(**kwargs)
+        return {"ok": False, "error": "not interrupted"}
+    except KeyboardInterrupt:
+        interrupted_at = time.time()
+    port = int(os.environ["MASTER_PORT"])
+    closed_after = None
+    while closed_after is None and time.time() - interrupted_at < 10:
+        try:  # the abandoned call's store must go away: nobody may join it any more
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            time.sleep(0.05)
+        except ConnectionRefusedError:
+            closed_after = time.time() - interrupted_at
+    Path(out + ".interrupted").touch()
+    end = time.monotonic() + 60
+    while not os.path.exists(peer_started) and time.monotonic() < end:
+        time.sleep(0.02)
+    formed_behind = False
+    watch_end = time.monotonic() + 4.0  # the peer is up and calling: no group may appear without our call
+    while time.monotonic() < watch_end:
+        formed_behind = formed_behind or dist.is_initialized()
+        time.sleep(0.01)
+    report = init_with_retry(**kwargs)
+    return {
+        "ok": True,
+        "interrupted_at": interrupted_at,
+        "store_closed_after": closed_after,
+        "formed_behind": formed_behind,
+        "report": json.loads(report.model_dump_json()),
+    }
+
+
+def threads_sequence(kwargs: dict[str, Any], *, call: str) -> dict[str, object]:
+    """setup() (``call="setup"``) or init_with_retry() (``call="init"``) from two threads at the same instant."""
+    import threading
+
+    from distinit.init import init_with_retry, setup
+
+    barrier = threading.Barrier(2)
+    outcomes: list[dict[str, object]] = [{}, {}]
+    results: list[object] = [None, None]
+
+    def one(index: int) -> None:
+        barrier.wait(10)
+        started = time.monotonic()
+        try:
+            if call == "setup":
+                results[index] = setup(**kwargs)
+            else:
+                results[index] = init_with_retry(**kwargs)
+            outcomes[index] = {"ok": True}
+        except Exception as exc:
+            outcomes[index] = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+        outcomes[index]["elapsed"] = time.monotonic() - started
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return {"ok": all(o.get("ok") for o in outcomes), "threads": outcomes, "same": results[0] is results[1]}
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ class Launcher:
         name: str | None = None,
         after: Rank | None = None,
         call_again: bool = False,
+        extra: dict[str, Any] | None = None,
     ) -> Rank:
         name = name or f"rank{rank}-{len(self.ranks)}"
         out = self.tmp_path / f"{name}.json"
@@ -80,6 +81,7 @@ class Launcher:
             "mode": mode,
             "hold": hold,
             "call_again": call_again,
+            **(extra or {}),
         }
         if after is not None:  # start_after counts from the moment `after` calls init_with_retry
             spec["after_file"] = str(after.out) + ".started"

@@ -71,7 +71,7 @@ def test_torch_leaks_the_group_counter_and_reset_repairs_it() -> None:
         """
         from datetime import timedelta
         import torch.distributed as dist
-        from distinit.init._api import _reset_group_counter
+        from distinit.init._form import reset_group_counter
         world = dist.distributed_c10d._world
         assert world.group_count == 0
         try:  # rank 0 of 2 on a private store: the peer never comes, init fails
@@ -82,11 +82,11 @@ def test_torch_leaks_the_group_counter_and_reset_repairs_it() -> None:
             raise SystemExit("init unexpectedly succeeded")
         leaked = world.group_count
         assert leaked == 1, leaked
-        assert _reset_group_counter() is True
+        assert reset_group_counter() is True
         assert world.group_count == 0
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         assert dist.distributed_c10d._get_default_group().group_name == "0"
-        assert _reset_group_counter() is False  # live groups: never touched
+        assert reset_group_counter() is False  # live groups: never touched
         dist.destroy_process_group()
         print("LEAK", leaked)
         """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from typing import NoReturn
 
@@ -151,13 +152,33 @@ def test_exports() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "error", "named"),
     [
-        pytest.param({"deadline": 0}, id="zero-deadline"),
-        pytest.param({"deadline": -5.0}, id="negative-deadline"),
-        pytest.param({"attempt_timeout": 0}, id="zero-attempt"),
+        pytest.param({"deadline": 0}, ValueError, "deadline must be > 0", id="zero-deadline"),
+        pytest.param({"deadline": -5.0}, ValueError, "deadline must be > 0", id="negative-deadline"),
+        pytest.param({"deadline": float("nan")}, ValueError, "deadline must be a number", id="nan-deadline"),
+        pytest.param({"deadline": "2"}, TypeError, "deadline must be a number", id="string-deadline"),
+        pytest.param({"deadline": True}, TypeError, "deadline must be a number", id="bool-deadline"),
+        pytest.param({"attempt_timeout": 0}, ValueError, "attempt_timeout must be > 0", id="zero-attempt"),
+        pytest.param({"attempt_timeout": "30"}, TypeError, "attempt_timeout", id="string-attempt"),
+        pytest.param({"pg_timeout": -1}, ValueError, "pg_timeout must be > 0", id="negative-pg"),
+        pytest.param({"pg_timeout": float("nan")}, ValueError, "pg_timeout", id="nan-pg"),
     ],
 )
-def test_init_with_retry_rejects_bad_durations(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="must be positive seconds"):
+def test_init_with_retry_rejects_bad_durations(
+    kwargs: dict[str, object], error: type[Exception], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No launcher variables at all: a bad duration must be refused before the world is even resolved.
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(error, match=named):
         distinit.init.init_with_retry("gloo", **kwargs)  # type: ignore[arg-type]
+
+
+def test_setup_refuses_a_bad_duration_before_exporting_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    environ = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    with pytest.raises(TypeError, match="deadline"):
+        distinit.init.setup("gloo", environ=environ, deadline="2")  # type: ignore[arg-type]
+    assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ  # nothing was exported

@@ -1,0 +1,235 @@
+"""The hand-over between the rendezvous thread and its caller, the leftover check, and one flight per process.
+
+Threads only: no process group, no store, no network.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from distinit.errors import DuplicateRankError, RendezvousError, RendezvousTimeoutError
+from distinit.init import _handover
+from distinit.init._flight import SingleFlight
+from distinit.init._handover import Abandoned, Handover, check_no_leftover, leave_behind, run_guarded
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover() -> Iterator[None]:
+    yield
+    _handover._Process.leftover = None
+
+
+def test_claim_and_abandon_exclude_each_other() -> None:
+    first = Handover()
+    assert first.claim() is True
+    assert first.abandon() is False  # too late: the thread owns the group
+    first.check()  # not abandoned: no raise
+
+    second = Handover()
+    assert second.abandon() is True
+    assert second.claim() is False  # the caller gave up first: the thread must destroy its group
+    with pytest.raises(Abandoned):
+        second.check()
+
+
+@pytest.mark.timeout(10)
+def test_sleep_wakes_at_once_when_abandoned_and_never_overflows() -> None:
+    handover = Handover()
+    threading.Timer(0.2, handover.abandon).start()
+    started = time.monotonic()
+    with pytest.raises(Abandoned):
+        handover.sleep(float("inf"))  # clamped for the native wait: no OverflowError
+    assert time.monotonic() - started < 5
+
+
+def _never_called(*args: object) -> BaseException:
+    raise AssertionError("unexpected call")
+
+
+@pytest.mark.timeout(10)
+def test_run_guarded_hands_the_body_outcome_to_the_caller() -> None:
+    def body() -> None:
+        raise DuplicateRankError("rank 1 was claimed twice")
+
+    with pytest.raises(DuplicateRankError):
+        run_guarded(
+            body,
+            name="t",
+            deadline_at=float("inf"),  # Thread.join(inf) would raise OverflowError
+            handover=Handover(),
+            overrun=_never_called,
+            interrupted=_never_called,
+        )
+
+
+@pytest.mark.timeout(10)
+def test_run_guarded_abandons_a_body_blocked_past_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_handover, "OVERRUN_GRACE", 0.2)
+    release = threading.Event()
+    handover = Handover()
+    seen: list[threading.Thread] = []
+
+    def overrun(thread: threading.Thread) -> BaseException:
+        seen.append(thread)
+        return RendezvousTimeoutError("blocked")
+
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError):
+        run_guarded(
+            lambda: release.wait(10) and None,
+            name="t",
+            deadline_at=time.monotonic() + 0.1,
+            handover=handover,
+            overrun=overrun,
+            interrupted=_never_called,
+        )
+    assert time.monotonic() - started < 0.1 + _handover.OVERRUN_GRACE + 2
+    assert handover.abandoned and seen and seen[0].is_alive()
+    release.set()
+
+
+@pytest.mark.timeout(10)
+def test_an_interrupted_wait_abandons_the_rendezvous_before_it_propagates() -> None:
+    handover = Handover()
+    calls: list[bool] = []
+
+    def body() -> None:
+        while True:
+            handover.sleep(0.05)  # raises Abandoned once the caller gave up
+
+    def interrupted(thread: threading.Thread, formed: bool) -> None:
+        calls.append(formed)
+
+    # The caller's wait is interrupted as Ctrl-C would: a signal handler raising in the main thread (SIGUSR1,
+    # not SIGALRM, which pytest-timeout may use).
+    def on_signal(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, on_signal)
+    timer = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_guarded(
+                body,
+                name="t",
+                deadline_at=time.monotonic() + 30,
+                handover=handover,
+                overrun=_never_called,
+                interrupted=interrupted,
+            )
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    assert calls == [False] and handover.abandoned
+    assert handover.claim() is False  # a group formed now would never be handed over
+
+
+@pytest.mark.timeout(10)
+def test_leftover_interrupted_thread_is_waited_for_and_a_stuck_one_refused_at_once() -> None:
+    done = threading.Event()
+    winding = threading.Thread(target=lambda: done.wait(0.3))
+    winding.start()
+    leave_behind(winding, "interrupted, attempt 1 waiting in join", stuck=False)
+    check_no_leftover(0, patience=5)  # waits for it to wind down, then allows the new call
+    assert _handover._Process.leftover is None
+
+    stuck_release = threading.Event()
+    stuck = threading.Thread(target=lambda: stuck_release.wait(10))
+    stuck.start()
+    leave_behind(stuck, "attempt 1 blocked in join for 10.0 s", stuck=True)
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match="still blocked"):
+        check_no_leftover(1, patience=5)
+    assert time.monotonic() - started < 1  # no waiting for a thread that may never return
+    stuck_release.set()
+    stuck.join(5)
+
+
+@pytest.mark.timeout(20)
+def test_concurrent_callers_share_one_flight_and_its_result() -> None:
+    flight = SingleFlight("init_with_retry()")
+    entered = threading.Event()
+    release = threading.Event()
+    runs: list[str] = []
+    formed: list[str] = []
+
+    def call() -> str:
+        if formed:  # the second run finds the group formed, as init_with_retry's existing-group check does
+            runs.append("existing")
+            return "existing"
+        entered.set()
+        release.wait(10)
+        runs.append("rendezvous")
+        formed.append("group")
+        return "formed"
+
+    results: dict[str, object] = {}
+    leader = threading.Thread(target=lambda: results.update(leader=flight.run(call, rank=0, patience=10)))
+    leader.start()
+    entered.wait(5)
+    follower = threading.Thread(target=lambda: results.update(follower=flight.run(call, rank=0, patience=10)))
+    follower.start()
+    time.sleep(0.2)
+    assert runs == []  # the follower waits instead of starting a second rendezvous
+    release.set()
+    leader.join(5)
+    follower.join(5)
+    assert results == {"leader": "formed", "follower": "existing"}
+    assert runs == ["rendezvous", "existing"]
+
+
+@pytest.mark.timeout(20)
+def test_a_concurrent_caller_gets_the_leaders_error_at_once() -> None:
+    flight = SingleFlight("setup()")
+    entered = threading.Event()
+
+    def failing() -> None:
+        entered.set()
+        time.sleep(0.3)
+        raise DuplicateRankError("rank 1 was claimed twice", ranks=(1,))
+
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str) -> None:
+        try:
+            flight.run(failing, rank=1, patience=10)
+        except BaseException as exc:
+            errors[name] = exc
+
+    leader = threading.Thread(target=run, args=("leader",))
+    leader.start()
+    entered.wait(5)
+    follower = threading.Thread(target=run, args=("follower",))
+    follower.start()
+    leader.join(5)
+    follower.join(5)
+    assert type(errors["follower"]) is DuplicateRankError
+    assert errors["follower"] is not errors["leader"] and errors["follower"].__cause__ is errors["leader"]
+    assert str(errors["follower"]) == str(errors["leader"]) and errors["follower"].ranks == (1,)  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(20)
+def test_a_concurrent_caller_does_not_wait_past_its_own_patience() -> None:
+    flight = SingleFlight("setup()")
+    entered, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        entered.set()
+        release.wait(10)
+
+    leader = threading.Thread(target=flight.run, args=(slow,), kwargs={"rank": 0, "patience": 10})
+    leader.start()
+    entered.wait(5)
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match="still running"):
+        flight.run(slow, rank=0, patience=0.3)
+    assert time.monotonic() - started < 3
+    release.set()
+    leader.join(5)
