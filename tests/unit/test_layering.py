@@ -15,7 +15,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
 LEAVES = ("errors", "_duration", "_foreign")
-CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing")
+CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations")
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {
     "env": set(),
@@ -23,6 +23,7 @@ ALLOWED = {
     "broadcast": set(),
     "watchdog": set(),
     "testing": {"env", "init", "broadcast", "watchdog"},
+    "integrations": {"env", "init"},
 }
 #: What the package face or the CLI is; no capability imports these.
 FACES = {"distinit", "distinit.cli", "distinit.testing.plugin"}

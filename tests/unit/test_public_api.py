@@ -24,6 +24,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "watchdog",
         "broadcast",
         "testing",
+        "integrations",
         "cli",
         "annotations",
         "importlib",

@@ -93,7 +93,10 @@ def fill_locals(v: Vars, draft: Draft) -> None:
             draft.put("node_rank", draft.rank, "RANK", "rule: one process per pod")
             draft.put("num_nodes", draft.world_size, "WORLD_SIZE", "rule: one process per pod")
             draft.trusted_node_rank = False
-        draft.note(f"{draft.launcher}: LOCAL_RANK is not set, so one process per pod (or host) is assumed.")
+        ruled = (
+            " and node_rank = RANK" if draft.sources.get("node_rank", ("",))[-1] == "rule: one process per pod" else ""
+        )
+        draft.note(f"{draft.launcher}: LOCAL_RANK is not set, so one process per pod (or host) is assumed{ruled}.")
         return
     if draft.local_rank is not None:
         return
@@ -115,6 +118,26 @@ def fill_locals(v: Vars, draft: Draft) -> None:
         variables=("LOCAL_RANK",),
         why="without the local rank, processes on one node cannot pick distinct GPUs.",
         fix="export LOCAL_RANK (and LOCAL_WORLD_SIZE) for every process, or start them with torchrun, srun or mpirun.",
+    )
+
+
+def settle_node_rank(draft: Draft) -> None:
+    """Node 0 of 1 when the whole world is on this node; otherwise an unknown node rank is noted.
+
+    Called once the exported variables are the world: without ``NODE_RANK`` nothing says which node
+    this is, and ``export()`` leaves ``NODE_RANK`` unset (frameworks then take node 0).
+    """
+    if draft.node_rank is not None:
+        return
+    if draft.local_world_size is not None and draft.local_world_size == draft.world_size:
+        draft.put("node_rank", 0, "rule: whole world on this node")
+        draft.put("num_nodes", 1, "rule: whole world on this node")
+        return
+    draft.note(
+        "node_rank is unknown: RANK/LOCAL_RANK/WORLD_SIZE are exported without NODE_RANK (or GROUP_RANK), so "
+        "export() leaves NODE_RANK unset and frameworks that need it take node 0 (Lightning computes GLOBAL_RANK "
+        "= NODE_RANK * devices + LOCAL_RANK). Export NODE_RANK on each node, or let distinit.setup() derive it "
+        "from the world once the group forms."
     )
 
 

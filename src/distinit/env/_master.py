@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from distinit.env._draft import Draft, Vars
+from distinit.env._model import master_addr_fix
 from distinit.env._port import PORT_ADVICE, check_port
 from distinit.env._text import decimal, quoted
 from distinit.errors import MalformedEnvError
@@ -28,8 +29,8 @@ def fill_master(v: Vars, draft: Draft, *, here: str) -> None:
             draft.put("master_addr", "127.0.0.1", "rule: whole world on this node")
         elif draft.world_size > 1:
             draft.note(
-                "MASTER_ADDR is unknown: the launcher does not say which host runs rank 0. Pass it to every "
-                "process (e.g. `mpirun -x MASTER_ADDR=<rank 0 host>` or `mpiexec -genv MASTER_ADDR <host>`)."
+                "MASTER_ADDR is unknown: the launcher does not say which host runs rank 0, so export() and "
+                f"distinit.setup() refuse this world; {master_addr_fix(draft.launcher)}"
             )
     port = v.integer("MASTER_PORT", minimum=1)
     if port is not None:

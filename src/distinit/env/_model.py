@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from distinit.errors import IncompleteEnvError
+
 #: Short names of the launchers and schedulers ``env_from_scheduler`` recognises.
 Launcher = Literal[
     "slurm",
@@ -25,6 +27,22 @@ Launcher = Literal[
     "env",
     "none",
 ]
+
+#: How to pass rank 0's host to every process, per launcher (the default: export it).
+_PASS_MASTER_ADDR: dict[str, str] = {
+    "openmpi": "`mpirun -x MASTER_ADDR=<host of rank 0> ...`",
+    "mpich": "`mpiexec -genv MASTER_ADDR <host of rank 0> ...`",
+    "mvapich2": "`mpiexec -genv MASTER_ADDR <host of rank 0> ...` (or MASTER_ADDR=<host> on the mpirun_rsh line)",
+    "lsf": "`jsrun -E MASTER_ADDR=<host of rank 0> ...`",
+    "pals": "`mpiexec --env MASTER_ADDR=<host of rank 0> ...`",
+    "slurm": "`export MASTER_ADDR=<host of rank 0>` before srun (srun passes it to every task)",
+}
+
+
+def master_addr_fix(launcher: str) -> str:
+    """How to give every process of ``launcher`` rank 0's host, in words with the command."""
+    how = _PASS_MASTER_ADDR.get(launcher, "`export MASTER_ADDR=<host of rank 0>` for every process")
+    return f"pass rank 0's host name or address to every process: {how}."
 
 
 class DistEnv(BaseModel):
@@ -111,7 +129,21 @@ class DistEnv(BaseModel):
     def export(self) -> None:
         """Write :meth:`to_environ` into ``os.environ`` so ``init_process_group("env://")`` finds it.
 
-        Variables this world does not know (say ``MASTER_ADDR`` under a plain multi-node
-        ``mpirun``) are left as they are; pass them with the launcher (``mpirun -x MASTER_ADDR``).
+        Other unknown variables (``NODE_RANK`` where no rule derives it) are left as they are.
+
+        Raises:
+            IncompleteEnvError: ``MASTER_ADDR`` is unknown in a world that is not known to run on one
+                node (a plain multi-node ``mpirun``) and ``os.environ`` has none either: every rank
+                would otherwise fall back to its own loopback and wait for the others until its
+                timeout. The fix names the launcher's way to pass it (``mpirun -x MASTER_ADDR=...``).
         """
+        if self.master_addr is None and self.world_size > 1 and not os.environ.get("MASTER_ADDR"):
+            raise IncompleteEnvError(
+                f"MASTER_ADDR is unknown for rank {self.rank} of {self.world_size} ({self.launcher}): "
+                "the launcher does not say which host runs rank 0.",
+                variables=("MASTER_ADDR",),
+                why="without it torch (and Lightning) fall back to 127.0.0.1, so the ranks on other nodes wait "
+                "for a store that never answers until their timeout.",
+                fix=master_addr_fix(self.launcher),
+            )
         os.environ.update(self.to_environ())

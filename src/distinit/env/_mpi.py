@@ -6,7 +6,7 @@ all present families must agree on rank and sizes, or the environment is contrad
 
 None of them except PALS (``PALS_NODEID``) and Horovod (``HOROVOD_CROSS_RANK``) exports a node index.
 ``OMPI_COMM_WORLD_NODE_RANK`` is *not* one: it is the rank among this node's processes across jobs;
-:func:`block_node_rank` derives one from the layout where that is sound, and says so.
+:mod:`distinit.env._layout` derives one from the layout where a rule holds, and says which.
 """
 
 from __future__ import annotations
@@ -206,34 +206,3 @@ def launch_id(v: Vars) -> str | None:
     """An id identical on every rank of one mpirun/mpiexec launch and different between launches."""
     found = v.first("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PALS_APID", "PMI_JOBID")
     return None if found is None else found[1]
-
-
-def block_node_rank(draft: Draft) -> None:
-    """Node rank from the layout: certain on one node, else a block-layout assumption when consistent.
-
-    With the whole world on this node the answer is certain (node 0 of 1). Otherwise the block rule
-    ``(RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE`` applies only when integral and consistent with what is
-    known (a known node count must give uniform nodes); it is recorded in ``notes``. One rank cannot
-    tell a block layout from an uneven or round-robin one (hydra with hosts a:3,b:1 gives rank 3 the
-    view of "4 nodes of 1"), so the assumption can be wrong there: export NODE_RANK in such layouts.
-    """
-    lws, world = draft.local_world_size, draft.world_size
-    if lws is None or draft.local_rank is None:
-        return
-    if lws == world:
-        draft.put("node_rank", 0, "rule: whole world on this node")
-        draft.put("num_nodes", 1, "rule: whole world on this node")
-        draft.trusted_node_rank = True
-        return
-    offset = draft.rank - draft.local_rank
-    if world % lws or offset < 0 or offset % lws:
-        return
-    if draft.num_nodes is not None and draft.num_nodes * lws != world:
-        return
-    draft.put("node_rank", offset // lws, "rule: (RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE")
-    # num_nodes is not derived: with an uneven or round-robin layout one rank cannot see the node count.
-    draft.trusted_node_rank = False
-    draft.note(
-        f"node_rank={offset // lws} assumes a block layout ({lws} consecutive ranks per node); it is wrong for "
-        "uneven hosts and round-robin mappings (mpirun --map-by node). Export NODE_RANK if you map ranks otherwise."
-    )

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from distinit.env import _batch, _cloud, _explicit, _mpi, _slurm, _torchrun
+from distinit.env import _batch, _cloud, _explicit, _layout, _mpi, _slurm, _torchrun
 from distinit.env._draft import Draft, Vars, not_launched, single
 from distinit.env._master import fill_master
 from distinit.env._model import DistEnv
@@ -90,7 +90,7 @@ def _mpi_rank(scene: _Scene) -> Draft | None:
         _cloud.apply(outer.platform, draft, per_host=False)
     _explicit.check_agreement(v, draft, here=scene.here)
     if draft.node_rank is None:
-        _mpi.block_node_rank(draft)
+        _layout.derive_node_rank(v, draft, family=outer.mpi.families[0].name)
     return draft
 
 
@@ -118,6 +118,7 @@ def _exported_rank(scene: _Scene) -> Draft | None:
     _explicit.fill_locals(v, draft)
     if outer.platform is not None and outer.platform.launcher == draft.launcher:
         _cloud.apply(outer.platform, draft, per_host=False)
+    _explicit.settle_node_rank(draft)
     _explicit.default_port(v, draft)
     return draft
 

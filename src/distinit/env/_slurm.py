@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from distinit.env import _explicit
 from distinit.env._draft import Draft, Vars, not_launched, single
 from distinit.env._hostlist import expand_counts, expand_hostlist
+from distinit.env._model import master_addr_fix
 from distinit.env._mpi import MpiWorld
 from distinit.env._port import derived_port
 from distinit.env._text import clipped, decimal
@@ -392,6 +393,7 @@ def exported_in_step(v: Vars, slurm: Slurm, exported: Draft, *, here: str) -> Dr
         )
         exported.put("job_id", slurm.job_id, slurm.job_var)
         _explicit.fill_locals(v, exported)
+        _explicit.settle_node_rank(exported)
         _explicit.default_port(v, exported)
         return exported
     variables = (
@@ -414,8 +416,8 @@ def daemon_step_facts(v: Vars, slurm: Slurm, draft: Draft, *, launch_id: str | N
     Inside an allocation, mpirun/hydra start one daemon per node with srun (the "daemon step"), and
     the ranks inherit that step's variables: ``SLURM_PROCID`` is the daemon's index, not a rank.
     ``SLURM_NODEID`` is a node index for every rank only if the daemon step runs one task on each node
-    of the job; ranks on mpirun's own node in a batch script see no step at all. Rank 0 runs on the
-    first node of the job under mpirun's and hydra's default mapping: that is an assumption, noted.
+    of the job; ranks on mpirun's own node in a batch script see no step at all. Rank 0's host follows
+    from the launcher's default mapping and where the launcher runs (:func:`_daemon_master`), noted.
     ``launch_id`` (the MPI launch's id) keeps the ports of two mpiruns in one job apart.
     """
     draft.put("job_id", slurm.job_id, slurm.job_var)
@@ -424,15 +426,46 @@ def daemon_step_facts(v: Vars, slurm: Slurm, draft: Draft, *, launch_id: str | N
         _daemon_node_rank(v, slurm, draft, job_hosts=None if job is None else job[0])
     on_one_node = draft.local_world_size is not None and draft.local_world_size == draft.world_size
     if job is not None and job[0] and draft.master_addr is None and not on_one_node:
-        _aliased(v, job[0][0], draft, job[1])
-        draft.note(
-            f"MASTER_ADDR is the first node of the job ({job[0][0]}), assuming {draft.launcher} placed rank 0 there "
-            "(its default mapping); export MASTER_ADDR if you map ranks otherwise."
-        )
+        _daemon_master(v, slurm, draft, job=job)
     draft.put(
         "master_port",
         derived_port(slurm.job_id, "mpi", launch_id or ""),
         f"rule: hash({slurm.job_var}, {'MPI launch id' if launch_id else 'mpi'})",
+    )
+
+
+def _daemon_master(v: Vars, slurm: Slurm, draft: Draft, *, job: tuple[list[str], str]) -> None:
+    """Rank 0's host: the first node that runs ranks under mpirun's/hydra's default mapping (noted).
+
+    Which node that is depends on where the launcher itself runs. From a salloc shell outside the
+    allocation its daemon step covers the job: the job's first node. From a batch script it runs
+    ranks on its own node and starts daemons on the others: the one job node outside the step. With
+    ``--host`` naming a subset it starts daemons only there: the step's first node. Open MPI's node
+    count (the nodes running ranks) tells the last two apart; without it the master stays unknown.
+    """
+    hosts, job_var = job
+    step_text = v.text("SLURM_STEP_NODELIST") if slurm.in_step else None
+    step = None if step_text is None else expand_hostlist(step_text, variable="SLURM_STEP_NODELIST")
+    nodes = draft.num_nodes
+    outside = [host for host in hosts if step is not None and host not in step]
+    if step is None or step == hosts:
+        first, source, where = hosts[0], job_var, "the first node of the job"
+    elif step and nodes == len(step):
+        first, source = step[0], "SLURM_STEP_NODELIST"
+        where = "the first node of its daemon step (every node it runs ranks on has a daemon)"
+    elif nodes == len(step) + 1 and len(outside) == 1:
+        first, source, where = outside[0], job_var, "its own node, the one job node without a daemon"
+    else:
+        draft.note(
+            f"MASTER_ADDR is unknown: {draft.launcher}'s daemon step ({clipped(step_text or '')}) covers part of the "
+            f"job's nodes and {'no node count says' if nodes is None else f'{nodes} nodes do not say'} which of them "
+            f"holds rank 0. Pass it: {master_addr_fix(draft.launcher)}"
+        )
+        return
+    _aliased(v, first, draft, source)
+    draft.note(
+        f"MASTER_ADDR={first} by rule: {draft.launcher}'s default mapping places rank 0 on {where}; export "
+        "MASTER_ADDR if you map ranks otherwise."
     )
 
 

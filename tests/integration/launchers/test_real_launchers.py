@@ -20,18 +20,7 @@ from launch_support import Launcher, distinit_bin
 
 pytestmark = pytest.mark.launcher
 
-#: Shapes where the resolver is known to be wrong (see .handoff/launchers.md); strict, so a fix shows.
-KNOWN_WRONG = {
-    "mpich-2node-uneven": "R1: hydra exports no node count; the block rule gives rank 3 node_rank=3 of 2 nodes",
-    "openmpi-in-slurm-subset": "R4: MASTER_ADDR is the job's first node (dnode1), not the daemon step's (dnode2)",
-}
-LAUNCHED = [
-    pytest.param(s, id=s.name, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[s.name])])
-    if s.name in KNOWN_WRONG
-    else pytest.param(s, id=s.name)
-    for s in shapes.SHAPES
-    if s.expect_rc == 0 and s.worlds == 1
-]
+LAUNCHED = [pytest.param(s, id=s.name) for s in shapes.SHAPES if s.expect_rc == 0 and s.worlds == 1]
 NOT_LAUNCHED = [s for s in shapes.SHAPES if s.expect_rc != 0]
 #: The variable holding each launcher's own rank for a task.
 RANK_VARIABLE = {"slurm": "SLURM_PROCID", "openmpi": "OMPI_COMM_WORLD_RANK", "mpich": "PMI_RANK", "torchrun": "RANK"}

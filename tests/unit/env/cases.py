@@ -594,9 +594,25 @@ GOOD: list[Any] = [
         id="mpirun-single-node",
     ),
     pytest.param(
+        # Was node_rank=1 (the block guess). Without a node count it cannot be told from 1 + 3 + 4 nodes.
         ompi(5, 8, 1, 4),
-        {"rank": 5, "local_rank": 1, "node_rank": 1, "num_nodes": None, "master_addr": None, "launcher": "openmpi"},
-        id="mpirun-2-nodes-block-assumption-no-master",
+        {"rank": 5, "local_rank": 1, "node_rank": None, "num_nodes": None, "master_addr": None, "launcher": "openmpi"},
+        id="mpirun-2-nodes-no-node-count-no-master",
+    ),
+    pytest.param(
+        ompi(5, 8, 1, 4, OMPI_MCA_orte_num_nodes="2"),
+        {"rank": 5, "node_rank": 1, "num_nodes": 2, "master_addr": None, "launcher": "openmpi"},
+        id="mpirun-2-nodes-block-rule-with-node-count",
+    ),
+    pytest.param(
+        ompi(5, 8, 2, 4, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_rmaps_base_mapping_policy="node"),
+        {"rank": 5, "node_rank": 1, "num_nodes": 2, "launcher": "openmpi"},
+        id="mpirun-map-by-node-round-robin-rule",
+    ),
+    pytest.param(
+        ompi(2, 3, 1, 2, OMPI_MCA_orte_num_nodes="2", OMPI_MCA_rmaps_base_mapping_policy="node"),
+        {"rank": 2, "node_rank": None, "num_nodes": 2, "launcher": "openmpi"},
+        id="mpirun-map-by-node-uneven-unknown",
     ),
     pytest.param(
         ompi(1, 4, 0, 2),
@@ -649,8 +665,9 @@ GOOD: list[Any] = [
         id="hydra-inside-slurm-stale-ntasks",
     ),
     pytest.param(
+        # Was node_rank=1 (the block guess): hydra exports no node count, so the node rank is unknown.
         hydra(2, 4, 0, 2, I_MPI_ROOT="/opt/intel/mpi"),
-        {"rank": 2, "launcher": "mpich", "node_rank": 1},
+        {"rank": 2, "launcher": "mpich", "node_rank": None},
         id="intel-mpi-hydra",
     ),
     # ---- other MPI families --------------------------------------------------------------------
@@ -718,7 +735,8 @@ GOOD: list[Any] = [
             "AZUREML_EXPERIMENT_ID": "e1",
             "AZ_BATCH_MASTER_NODE": "10.0.0.4:6105",
         },
-        {"rank": 5, "launcher": "azureml", "master_addr": "10.0.0.4", "node_rank": 1},
+        # Was node_rank=1 (the block guess); Azure's MPI distribution exports no node count either.
+        {"rank": 5, "launcher": "azureml", "master_addr": "10.0.0.4", "node_rank": None},
         id="azureml-mpi-distribution-multi-node",
     ),
     pytest.param(

@@ -214,7 +214,7 @@ def test_cap_is_counted_before_building(expr: str) -> None:
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 5.0  # the old code took 6.7 s for the 4 KB case without tracemalloc
     assert peak < 64 * 2**20, f"{peak} bytes"
 
 

@@ -101,7 +101,8 @@ def test_unknown_master_is_left_out_of_environ() -> None:
     assert env.master_addr is None
     assert "MASTER_ADDR" not in env.to_environ()
     assert any("mpirun -x MASTER_ADDR" in note for note in env.notes)
-    assert any("block layout" in note for note in env.notes), "block-derived node rank must be noted"
+    assert env.node_rank is None
+    assert any("node_rank is unknown" in note and "setup()" in note for note in env.notes), env.notes
 
 
 def test_sources_name_the_variables() -> None:
@@ -111,6 +112,7 @@ def test_sources_name_the_variables() -> None:
             "OMPI_COMM_WORLD_SIZE": "4",
             "OMPI_COMM_WORLD_LOCAL_RANK": "1",
             "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "OMPI_MCA_orte_num_nodes": "2",
         }
     )
     assert env.sources["rank"] == ("OMPI_COMM_WORLD_RANK",)
