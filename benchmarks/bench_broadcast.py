@@ -128,7 +128,7 @@ def compare(
 
 
 def _module_cases(rank: int, name: str, model: torch.nn.Module, reps: int, sweep: bool) -> dict[str, dict[str, float]]:
-    from distinit.broadcast import _plan, _state_dict, broadcast_module, flatten_module_
+    from distinit.broadcast import _pipeline, _plan, broadcast_module, flatten_module_
 
     tensors = [p.detach() for p in model.parameters()]
     total = sum(t.numel() * t.element_size() for t in tensors)
@@ -140,12 +140,12 @@ def _module_cases(rank: int, name: str, model: torch.nn.Module, reps: int, sweep
         torch.cat([t.reshape(-1) for t in tensors], out=flat)
 
     def ours(bucket: int, direct: int, inflight: int) -> None:
-        saved = (_plan.DEFAULT_DIRECT_BYTES, _state_dict.IN_FLIGHT)
-        _plan.DEFAULT_DIRECT_BYTES, _state_dict.IN_FLIGHT = direct, inflight
+        saved = (_plan.DEFAULT_DIRECT_BYTES, _pipeline.IN_FLIGHT)
+        _plan.DEFAULT_DIRECT_BYTES, _pipeline.IN_FLIGHT = direct, inflight
         try:
             broadcast_module(model, bucket_bytes=bucket)
         finally:
-            _plan.DEFAULT_DIRECT_BYTES, _state_dict.IN_FLIGHT = saved
+            _plan.DEFAULT_DIRECT_BYTES, _pipeline.IN_FLIGHT = saved
 
     fns: dict[str, Callable[[], Any]] = {
         "torch per-parameter loop": lambda: [dist.broadcast(t, 0) for t in tensors],
@@ -205,6 +205,7 @@ def _module_cases(rank: int, name: str, model: torch.nn.Module, reps: int, sweep
 def _small_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
     from distinit.broadcast import _header, broadcast_object, broadcast_tensor
     from distinit.broadcast._group import resolve
+    from distinit.broadcast._handshake import handshake
 
     cfg = TrainConfig(
         run="llama-ablation-" + "x" * 40, seed=1234, steps=100_000, batch_size=512,
@@ -266,13 +267,12 @@ def _small_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
             )
         )
 
-    def header_only() -> None:
-        ctx = resolve(None, None)
-        words = _header.fixed_words(seq=ctx.seq, op=_header.OP_TENSOR, src=0, shape=(256,), nbytes=1024)
-        ex = ctx.exchange(words)
-        from distinit.broadcast._mismatch import judge
-
-        judge(ex.views, my_op=_header.OP_TENSOR, seq=ctx.seq)
+    def header_only() -> None:  # the handshake of a 1 KB float32 broadcast_tensor: exchange + verdict
+        ctx = resolve(None).next_call(op=_header.OP_TENSOR, src=0, timeout=None)
+        words = _header.fixed_words(
+            seq=ctx.seq, op=_header.OP_TENSOR, src=0, has_buffer=True, dtype=1, device=1, shape=(256,), nbytes=1024
+        )
+        handshake(ctx, words)
 
     # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps groups created while the debug level is DETAIL: a second group
     # over the same ranks, so DETAIL's cost is measured in the same rounds as the header check.

@@ -16,7 +16,9 @@ happened (with the values), *why* it probably happened, and the *fix*::
     │   ├── MasterUnreachableError       DNS / no route / black hole, after its grace period
     │   ├── PortInUseError               MASTER_PORT still held after its grace period
     │   └── RendezvousTimeoutError       deadline reached; lists missing ranks and what each attempt saw
-    ├── BroadcastMismatchError           broadcast/: ranks disagree; raised on every rank
+    ├── BroadcastError                   broadcast/: a broadcast call failed
+    │   ├── BroadcastMismatchError       ranks disagree, or a header is malformed; raised on every rank
+    │   └── BroadcastTimeoutError        a collective timed out or lost a peer; raised on the waiting rank
     ├── WatchdogError                    watchdog/: server/client set-up and protocol faults
     └── DistributedTestError             testing/: one or more ranks of a distributed test failed
 
@@ -30,7 +32,9 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "BroadcastError",
     "BroadcastMismatchError",
+    "BroadcastTimeoutError",
     "ConflictingEnvError",
     "DistinitError",
     "DistributedTestError",
@@ -162,18 +166,13 @@ class RendezvousTimeoutError(RendezvousError):
     """The rendezvous deadline passed; lists the missing ranks and what each attempt saw."""
 
 
-class BroadcastMismatchError(DistinitError):
-    """Ranks of a broadcast disagree (src, shape, dtype, device, schema, keys); raised on every rank.
-
-    The wording is composed from the facts in one place (``distinit.broadcast._mismatch``), so the
-    error is identical on every rank of the group.
+class BroadcastError(DistinitError):
+    """A broadcast call failed; base of :class:`BroadcastMismatchError` and :class:`BroadcastTimeoutError`.
 
     Attributes:
         call: the API call, e.g. ``"broadcast_tensor"``.
         seq: the call's sequence number in its group (``#12`` in the message).
-        field: what the ranks disagree on: ``"src"``, ``"shape"``, ``"dtype"``, ``"device"``,
-            ``"schema"``, ``"keys"``, ``"metadata"``, ``"call"``, ``"sequence"``, ``"argument"``,
-            ``"protocol"``; or, raised on one rank only: ``"payload"``, ``"timeout"``, ``"peer"``.
+        field: what went wrong (see each subclass for its values).
         src: the group-local source rank (as the majority passed it; ``None`` when unknown).
         views: each group rank's view of ``field``, in words (``{0: "sends float32[2, 3]", ...}``).
         ranks: the group ranks at fault.
@@ -199,6 +198,29 @@ class BroadcastMismatchError(DistinitError):
         self.src = src
         self.views = dict(views or {})
         self.ranks = tuple(ranks)
+
+
+class BroadcastMismatchError(BroadcastError):
+    """Ranks of a broadcast disagree (src, shape, dtype, device, schema, keys), or a header is malformed.
+
+    Raised on every rank of the group, before any payload moves, except ``field="payload"``. The
+    wording is composed from the facts in one place (``distinit.broadcast._mismatch``), so the error
+    is identical on every rank of the group.
+
+    ``field`` is what the ranks disagree on: ``"src"``, ``"shape"``, ``"dtype"``, ``"device"``,
+    ``"schema"``, ``"keys"``, ``"metadata"``, ``"call"``, ``"sequence"``, ``"argument"``,
+    ``"protocol"``, ``"header"`` (a rank sent a header that contradicts itself or exceeds a bound;
+    ``ranks`` names it), ``"size"`` (src sends more than a receiver's ``max_bytes=`` allows); or,
+    raised on the receivers only, ``"payload"`` (src's bytes do not validate; ``ranks`` is src).
+    """
+
+
+class BroadcastTimeoutError(BroadcastError):
+    """A broadcast collective did not complete within ``timeout=``, or a peer died during it.
+
+    Raised on the rank that waited (the others may be elsewhere); ``field`` is ``"timeout"`` or
+    ``"peer"``. The process group is unusable afterwards: destroy it.
+    """
 
 
 class WatchdogError(DistinitError):

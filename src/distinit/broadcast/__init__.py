@@ -6,8 +6,9 @@ mismatch (src, dtype, shape, device type, schema, key set, call order) raises th
 data or aborting a process. See ``docs/broadcast.md``.
 """
 
+from distinit.broadcast._module import broadcast_module, flatten_module_
 from distinit.broadcast._object import broadcast_object
-from distinit.broadcast._state_dict import broadcast_module, broadcast_state_dict, flatten_module_
+from distinit.broadcast._state_dict import broadcast_state_dict
 from distinit.broadcast._tensor import broadcast_tensor
 
 __all__ = ["broadcast_module", "broadcast_object", "broadcast_state_dict", "broadcast_tensor", "flatten_module_"]

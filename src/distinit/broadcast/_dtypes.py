@@ -7,46 +7,49 @@ from collections.abc import Sequence
 import torch
 
 # Codes are part of the wire protocol: never renumber, only append. Dtypes missing from an older
-# torch are skipped, so a peer that sends one we cannot build gets a clear "unknown dtype" mismatch.
-_DTYPE_NAMES: tuple[tuple[int, str], ...] = (
-    (1, "float32"),
-    (2, "float64"),
-    (3, "float16"),
-    (4, "bfloat16"),
-    (5, "uint8"),
-    (6, "int8"),
-    (7, "int16"),
-    (8, "int32"),
-    (9, "int64"),
-    (10, "bool"),
-    (11, "complex64"),
-    (12, "complex128"),
-    (13, "complex32"),
-    (14, "uint16"),
-    (15, "uint32"),
-    (16, "uint64"),
-    (17, "float8_e4m3fn"),
-    (18, "float8_e5m2"),
-    (19, "float8_e4m3fnuz"),
-    (20, "float8_e5m2fnuz"),
-    (21, "float8_e8m0fnu"),
-    (22, "float4_e2m1fn_x2"),
-    (23, "bits8"),
-    (24, "bits16"),
+# torch are skipped, so a peer that sends one we cannot build gets a clear "unknown dtype" error. The
+# element size is part of the table (not asked of torch) so every rank checks a header's byte count
+# alike, whatever its torch version knows.
+_DTYPES: tuple[tuple[int, str, int], ...] = (  # (code, name, bytes per element)
+    (1, "float32", 4),
+    (2, "float64", 8),
+    (3, "float16", 2),
+    (4, "bfloat16", 2),
+    (5, "uint8", 1),
+    (6, "int8", 1),
+    (7, "int16", 2),
+    (8, "int32", 4),
+    (9, "int64", 8),
+    (10, "bool", 1),
+    (11, "complex64", 8),
+    (12, "complex128", 16),
+    (13, "complex32", 4),
+    (14, "uint16", 2),
+    (15, "uint32", 4),
+    (16, "uint64", 8),
+    (17, "float8_e4m3fn", 1),
+    (18, "float8_e5m2", 1),
+    (19, "float8_e4m3fnuz", 1),
+    (20, "float8_e5m2fnuz", 1),
+    (21, "float8_e8m0fnu", 1),
+    (22, "float4_e2m1fn_x2", 1),
+    (23, "bits8", 1),
+    (24, "bits16", 2),
 )
 
 CODE_OF_DTYPE: dict[torch.dtype, int] = {
-    getattr(torch, name): code for code, name in _DTYPE_NAMES if isinstance(getattr(torch, name, None), torch.dtype)
+    getattr(torch, name): code for code, name, _ in _DTYPES if isinstance(getattr(torch, name, None), torch.dtype)
 }
 DTYPE_OF_CODE: dict[int, torch.dtype] = {code: dtype for dtype, code in CODE_OF_DTYPE.items()}
-NAME_OF_CODE: dict[int, str] = dict(_DTYPE_NAMES)
+NAME_OF_CODE: dict[int, str] = {code: name for code, name, _ in _DTYPES}
+ITEMSIZE_OF_CODE: dict[int, int] = {code: size for code, _, size in _DTYPES}
+"""Bytes per element of every dtype code the protocol defines (known to this torch or not)."""
 
 NO_DTYPE = 0
 
 _DEVICE_TYPES: tuple[str, ...] = ("none", "cpu", "cuda", "meta", "xpu", "mps", "hpu", "privateuseone")
 CODE_OF_DEVICE_TYPE: dict[str, int] = {name: code for code, name in enumerate(_DEVICE_TYPES)}
 OTHER_DEVICE = 99
-NO_DEVICE = 0
 
 
 def dtype_code(dtype: torch.dtype) -> int:

@@ -30,15 +30,15 @@ from distinit.broadcast._transport import as_bytes, broadcast_bytes, copy_all, w
 
 
 @dataclasses.dataclass(frozen=True)
-class Group:
+class FlatBuffer:
     """One flat buffer: the tensors (by index in ``module_tensors`` order) laid out in it, in order."""
 
-    flat: torch.Tensor  # 1-d, the group's dtype, on the group's device
+    flat: torch.Tensor  # 1-d, of one dtype, on one device
     indices: tuple[int, ...]
     views: list[torch.Tensor]  # views of ``flat`` shaped like the tensors, in ``indices`` order
 
     def pick(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The group's tensors out of the call's list (one C-level gather)."""
+        """This buffer's tensors out of the call's list (one C-level gather)."""
         if len(self.indices) == 1:
             return [tensors[self.indices[0]]]
         return list(operator.itemgetter(*self.indices)(tensors))
@@ -46,14 +46,14 @@ class Group:
 
 @dataclasses.dataclass(frozen=True)
 class FlatState:
-    """What :func:`relocate` made of a module: its layout fingerprint then, and its flat groups."""
+    """What :func:`relocate` made of a module: its layout fingerprint then, and its flat buffers."""
 
     fingerprint: int
-    groups: tuple[Group, ...]
+    buffers: tuple[FlatBuffer, ...]
 
     def on(self, device: torch.device) -> bool:
-        """Whether every flat buffer is on ``device`` (the group's collective device)."""
-        return all(group.flat.device == device for group in self.groups)
+        """Whether every flat buffer is on ``device`` (the process group's collective device)."""
+        return all(buffer.flat.device == device for buffer in self.buffers)
 
 
 _REGISTRY: weakref.WeakKeyDictionary[torch.nn.Module, FlatState] = weakref.WeakKeyDictionary()
@@ -66,7 +66,7 @@ def registered(module: torch.nn.Module) -> FlatState | None:
 
 
 def relocate(
-    module: torch.nn.Module, names: Sequence[str], tensors: Sequence[torch.Tensor], fingerprint: int
+    module: torch.nn.Module, names: Sequence[str], tensors: Sequence[torch.Tensor], *, fingerprint: int
 ) -> FlatState:
     """Move ``tensors`` (``module``'s, each once) into one flat buffer per ``(device, dtype)``.
 
@@ -91,7 +91,7 @@ def relocate(
     for index, tensor in enumerate(tensors):
         if tensor.numel():
             order.setdefault((tensor.device, tensor.dtype), []).append(index)
-    groups = []
+    buffers = []
     with torch.no_grad():
         for (device, dtype), indices in order.items():
             numels = [tensors[i].numel() for i in indices]
@@ -102,15 +102,13 @@ def relocate(
             for view, i in zip(views, indices, strict=True):
                 view.copy_(tensors[i])
                 tensors[i].data = view
-            groups.append(Group(flat, tuple(indices), views))
-    state = FlatState(fingerprint, tuple(groups))
+            buffers.append(FlatBuffer(flat=flat, indices=tuple(indices), views=views))
+    state = FlatState(fingerprint=fingerprint, buffers=tuple(buffers))
     _REGISTRY[module] = state
     return state
 
 
-def transfer(
-    ctx: CallContext, call: str, src: int, state: FlatState, tensors: Sequence[torch.Tensor], send: bool
-) -> None:
+def transfer(ctx: CallContext, state: FlatState, tensors: Sequence[torch.Tensor], *, send: bool) -> None:
     """Move every tensor as one collective per flat buffer (all in flight at once).
 
     On src the tensors are first copied into the buffers and on receivers copied out afterwards;
@@ -118,11 +116,11 @@ def transfer(
     """
     with torch.no_grad():
         if send:
-            for group in state.groups:
-                copy_all(group.views, group.pick(tensors))
-        works = [broadcast_bytes(as_bytes(group.flat), src, ctx) for group in state.groups]
+            for buffer in state.buffers:
+                copy_all(buffer.views, buffer.pick(tensors))
+        works = [broadcast_bytes(as_bytes(buffer.flat), ctx) for buffer in state.buffers]
         for work in works:
-            wait_or_raise(work, ctx, call, src, "payload broadcast")
+            wait_or_raise(work, ctx, "payload broadcast")
         if not send:
-            for group in state.groups:
-                copy_all(group.pick(tensors), group.views)
+            for buffer in state.buffers:
+                copy_all(buffer.pick(tensors), buffer.views)

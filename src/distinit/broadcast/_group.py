@@ -1,4 +1,4 @@
-"""Who takes part in a call: the group, this rank's place in it, and where collectives run."""
+"""Who takes part in a call: the group, this rank's place in it, where collectives run, the call count."""
 
 from __future__ import annotations
 
@@ -9,83 +9,88 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distinit._duration import to_seconds, to_timedelta
 from distinit.broadcast import _header
 
 
 class CallContext:
-    """The group facts one call needs, resolved once on entry (a slotted class: cheap per call)."""
+    """The facts one call needs: its group's, plus its own (kind, src, number, timeout). Slotted: cheap per call."""
 
-    __slots__ = ("backend", "comm_device", "global_rank", "group", "rank", "scratch", "seq", "size", "timeout")
+    __slots__ = (
+        "call",
+        "comm_device",
+        "global_rank",
+        "group",
+        "op",
+        "rank",
+        "scratch",
+        "seq",
+        "size",
+        "src",
+        "timeout",
+        "wait_for",
+    )
 
-    def __init__(
-        self,
-        group: Any,
-        size: int,
-        rank: int,
-        global_rank: int,
-        backend: str,
-        comm_device: torch.device,
-        seq: int,
-        timeout: float | None,
-        scratch: _header.Scratch | None = None,
-    ) -> None:
-        self.group = group
-        self.size = size
-        self.rank = rank  # group-local rank of this process
-        self.global_rank = global_rank
-        self.backend = backend
-        self.comm_device = comm_device  # where header and payload collectives run
-        self.seq = seq
-        self.timeout = timeout
-        self.scratch = scratch  # the group's reusable header send buffer
+    def __init__(self, facts: GroupFacts, op: int, src: int, timeout: float | None) -> None:
+        # Four positional arguments, everything else read from `facts`: built on every call (hot path).
+        self.group = facts.group()
+        self.size = facts.size
+        self.rank = facts.rank  # group-local rank of this process
+        self.global_rank = facts.global_rank
+        self.scratch = facts.scratch  # the group's reusable header buffers
+        device = facts.device
+        if facts.on_cuda:  # NCCL runs on the device current at the call, not at the first call
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.comm_device = device  # where header and payload collectives run
+        self.op = op
+        self.call = _header.OP_NAMES[op]
+        self.src = src
+        self.seq = facts.seq
+        self.timeout = timeout  # seconds, for messages; None: the process-group timeout
+        self.wait_for = to_timedelta(timeout) if timeout is not None else None  # what each wait is given
 
-    def exchange(self, words: list[int], inline: torch.Tensor | bytes | None = None) -> _header.Exchange:
-        """Exchange this rank's header row within the group (see :func:`distinit.broadcast._header.exchange`).
-
-        Raises:
-            CollectiveFailed: the exchange timed out or a peer failed.
-        """
-        return _header.exchange(
-            words, group=self.group, group_size=self.size, device=self.comm_device, inline=inline,
-            timeout=self.timeout, scratch=self.scratch,
-        )  # fmt: skip
-
-    def is_src(self, src: int) -> bool:
-        """Whether this rank is the (group-local) source."""
-        return self.rank == src
-
-    def global_of(self, group_rank: int) -> int:
-        """The global rank of group rank ``group_rank`` (itself when the group is the world)."""
-        if self.group is None or self.group is dist.group.WORLD:
-            return group_rank
-        return int(dist.get_global_rank(self.group, group_rank))
+    def log_facts(self, **more: object) -> dict[str, Any]:
+        """The ``extra=`` of this call's ``broadcast.call`` debug record: the call's facts and ``more``."""
+        facts = {"event": "broadcast.call", "call": self.call, "seq": self.seq, "src": self.src, "rank": self.rank}
+        return {"distinit": {**facts, **more}}
 
 
-class _Facts:
-    """A group's fixed facts (backend, size, this process's ranks, the collective device) and its state.
+class GroupFacts:
+    """A group's fixed facts (size, this process's ranks, the collective device) and its call counter.
 
-    The state is the call counter (the ``#12`` in messages, and how a skipped call is detected; per
-    group and process-wide, as torch keeps its own) and the reusable header send buffer.
+    The counter gives the ``#12`` in messages and is how a skipped call is detected; it is per group
+    and process-wide, as torch keeps its own.
     """
 
-    __slots__ = ("backend", "device", "global_rank", "rank", "scratch", "seq", "size")
+    __slots__ = ("device", "global_rank", "group", "on_cuda", "rank", "scratch", "seq", "size")
 
-    def __init__(self, backend: str, size: int, rank: int, global_rank: int, device: torch.device) -> None:
-        self.backend, self.size, self.rank, self.global_rank, self.device = backend, size, rank, global_rank, device
+    def __init__(self, group: Any, *, size: int, rank: int, global_rank: int, device: torch.device) -> None:
+        # Weakly: the group keys the cache of these facts, which must not keep it alive.
+        self.group = weakref.ref(group)
+        self.size, self.rank, self.global_rank, self.device = size, rank, global_rank, device
         self.seq = 0
         self.scratch = _header.Scratch(size) if device.type == "cpu" else None
+        self.on_cuda = device.type == "cuda"
+
+    def next_call(self, *, op: int, src: int, timeout: float | timedelta | None) -> CallContext:
+        """Count one more call in this group and return its context.
+
+        Raises:
+            TypeError: ``timeout`` is not a number of seconds, a ``timedelta`` or None.
+            ValueError: ``timeout`` is not a positive finite number of seconds.
+        """
+        seconds = None if timeout is None else to_seconds(timeout, "timeout")
+        self.seq += 1
+        return CallContext(self, op, src, seconds)
 
 
-def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
-    """Resolve ``group`` (None: the default group) and normalise ``timeout`` to seconds.
+def resolve(group: Any) -> GroupFacts:
+    """The facts of ``group`` (None: the default group), looked up once per group and cached.
 
     Raises:
         RuntimeError: torch.distributed is not initialised (a local precondition, same on every rank).
-        ValueError: ``timeout`` is not positive.
+        ValueError: this process is not a member of ``group``.
     """
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if seconds is not None and not seconds > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "distinit.broadcast needs an initialised process group: call torch.distributed.init_process_group "
@@ -96,35 +101,23 @@ def resolve(group: Any, timeout: float | timedelta | None) -> CallContext:
     if facts is None:
         facts = _group_facts(pg)
         _FACTS[pg] = facts
-    device = facts.device
-    facts.seq += 1
-    return CallContext(
-        pg,
-        facts.size,
-        facts.rank,
-        facts.global_rank,
-        facts.backend,
-        device if device.type != "cuda" else torch.device("cuda", torch.cuda.current_device()),
-        facts.seq,
-        seconds,
-        facts.scratch,
-    )
+    return facts
 
 
 # A group's backend, size and this process's ranks never change; asking torch costs ~50 µs a call,
 # half of a small broadcast. Weakly keyed: a destroyed group's entry (and its call count) goes with it.
-_FACTS: weakref.WeakKeyDictionary[Any, _Facts] = weakref.WeakKeyDictionary()
+_FACTS: weakref.WeakKeyDictionary[Any, GroupFacts] = weakref.WeakKeyDictionary()
 
 
-def _group_facts(pg: Any) -> _Facts:
-    backend = str(dist.get_backend(pg)).lower()
+def _group_facts(pg: Any) -> GroupFacts:
     rank = dist.get_rank(pg)
     if rank < 0:
         raise ValueError(
             f"global rank {dist.get_rank()} is not a member of the group it passed to distinit.broadcast; "
             "only members of `group` may call (as with torch.distributed.broadcast)"
         )
-    return _Facts(backend, dist.get_world_size(pg), rank, dist.get_rank(), comm_device(backend))
+    device = comm_device(str(dist.get_backend(pg)).lower())
+    return GroupFacts(pg, size=dist.get_world_size(pg), rank=rank, global_rank=dist.get_rank(), device=device)
 
 
 def comm_device(backend: str) -> torch.device:

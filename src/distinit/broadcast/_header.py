@@ -1,18 +1,19 @@
 """The fixed-size int64 header every rank contributes to each call, and its exchange.
 
-Every rank sends its ``[HEADER_WORDS]`` int64 row to every rank of the group in one
-``all_to_all_single`` (an all-gather in effect), so each rank holds every rank's view of the call
-and all ranks reach the same verdict from the same facts. The row is the same size for every call
-kind, so ranks that disagree on *which* call they make still exchange equal-sized buffers: gloo
-aborts the process (SIGABRT) when sizes differ, which is the failure we exist to prevent. Small
-payloads (up to :data:`INLINE_BYTES`) ride inside src's row, so a small broadcast costs one
+Every rank sends its ``[HEADER_WORDS]`` int64 row to every rank of the group (on gloo one
+``all_to_all_single``, on NCCL one all_gather: see :func:`exchange`), so each rank holds every
+rank's view of the call and all ranks reach the same verdict from the same facts. The row is the
+same size for every call kind, so ranks that disagree on *which* call they make still exchange
+equal-sized buffers: gloo aborts the process (SIGABRT) when sizes differ, which is the failure we
+exist to prevent. Small payloads (up to :data:`INLINE_BYTES`) ride inside src's row, so a small broadcast costs one
 collective instead of two.
 
 Why all-to-all rather than all_gather or all_reduce (``benchmarks/bench_broadcast.py`` measures the
 header; the primitive comparison is in docs/broadcast.md): gloo's all_gather is a ring (world - 1
 sequential steps; 2-3x a 1 KB broadcast at world 2, ~4x at world 4) and its all_reduce costs ~1 ms
 for a few words, while its all-to-all sends every pair at once and costs about one small broadcast
-at world 2. Protocol version 2 (version 1 used all_gather; mixing versions is not supported).
+at world 2. Protocol version 3 (2 had no ``W_LIMIT`` word; 1 used all_gather; mixing versions is not
+supported: a peer of another version gets a "protocol" mismatch).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-MAGIC = 0x64697374_62630002  # "distbc" + protocol version 2 (all-to-all exchange)
+MAGIC = 0x64697374_62630003  # "distbc" + protocol version 3
 MAX_NDIM = 12
 FIXED_WORDS = 32
 INLINE_BYTES = 4096
@@ -52,13 +53,18 @@ W_AUX_NBYTES = 24
 W_INLINE = 25
 W_GLOBAL_RANK = 26
 W_FLAGS = 27
+W_LIMIT = 28  # the most payload bytes this rank accepts (broadcast_object's max_bytes=); 0 when unused
 
 FLAG_FLAT = 1
 """``W_FLAGS`` bit: this rank's module is flattened (:func:`distinit.flatten_module_`) and can move zero-copy."""
 
 OP_TENSOR, OP_OBJECT, OP_STATE_DICT, OP_MODULE = 1, 2, 3, 4
-OP_NAMES = {OP_TENSOR: "broadcast_tensor", OP_OBJECT: "broadcast_object", OP_STATE_DICT: "broadcast_state_dict",
-            OP_MODULE: "broadcast_module"}  # fmt: skip
+OP_NAMES = {
+    OP_TENSOR: "broadcast_tensor",
+    OP_OBJECT: "broadcast_object",
+    OP_STATE_DICT: "broadcast_state_dict",
+    OP_MODULE: "broadcast_module",
+}
 
 NOT_INLINE = -1
 
@@ -84,17 +90,19 @@ class View:
     inline: int
     global_rank: int
     flags: int
+    limit: int
 
     @classmethod
     def from_words(cls, words: Sequence[int]) -> View:
         """Decode the first :data:`FIXED_WORDS` words of a row (garbage-tolerant: never raises)."""
         w = words if type(words) is tuple else tuple(int(x) for x in words[:FIXED_WORDS])
         ndim = w[W_NDIM]
-        # Positional, in field order: the hot path of every call.
+        # Positional, in field order: this runs for every row of every call, and keyword arguments
+        # measured 0.9 µs more per row (2.1 -> 3.0 µs), several % of a small call's Python.
         return cls(w[W_MAGIC], w[W_SEQ], w[W_OP], w[W_SRC], bool(w[W_HAS_BUFFER]), w[W_STATUS], w[W_DTYPE],
                    w[W_DEVICE], ndim, w[W_SHAPE : W_SHAPE + max(0, min(ndim, MAX_NDIM))], w[W_NBYTES],
                    w[W_FINGERPRINT], w[W_COUNT], w[W_AUX_NBYTES], w[W_INLINE], w[W_GLOBAL_RANK],
-                   w[W_FLAGS])  # fmt: skip
+                   w[W_FLAGS], w[W_LIMIT])  # fmt: skip
 
 
 def fixed_words(
@@ -114,6 +122,7 @@ def fixed_words(
     inline: int = NOT_INLINE,
     global_rank: int = -1,
     flags: int = 0,
+    limit: int = 0,
 ) -> list[int]:
     """The :data:`FIXED_WORDS` words of this rank's row (``shape=None``: no tensor view, ndim -1).
 
@@ -126,11 +135,11 @@ def fixed_words(
         ndim = len(shape)
         dims = [*shape, *_NO_SHAPE[ndim:]]
     return [MAGIC, seq, op, src, 1 if has_buffer else 0, status, dtype, device, ndim, *dims,
-            nbytes, fingerprint, count, aux_nbytes, inline, global_rank, flags, *_TAIL]  # fmt: skip
+            nbytes, fingerprint, count, aux_nbytes, inline, global_rank, flags, limit, *_TAIL]  # fmt: skip
 
 
 _NO_SHAPE = [0] * MAX_NDIM
-_TAIL = [0] * (FIXED_WORDS - W_FLAGS - 1)
+_TAIL = [0] * (FIXED_WORDS - W_LIMIT - 1)
 
 
 class Scratch:
@@ -211,13 +220,14 @@ def exchange(
     group_size: int,
     device: torch.device,
     inline: torch.Tensor | bytes | None = None,
-    timeout: float | None = None,
+    wait_for: timedelta | None = None,
     scratch: Scratch | None = None,
 ) -> Exchange:
     """Send this rank's header row (``words`` plus optional inline payload) to every rank.
 
     ``inline``: bytes, or a tensor whose raw bytes (``nbytes`` of them, any dtype) are sent.
     ``scratch``: the group's reusable send buffer (all-to-all path only; see :class:`Scratch`).
+    ``wait_for``: how long to wait for the exchange (None: the process-group timeout).
 
     On CPU (gloo), one ``all_to_all_single`` of ``group_size`` copies of the row; on CUDA (NCCL), one
     all_gather of the row (see :func:`_gathers`). Either way rank ``r``'s row lands in row ``r`` of
@@ -236,7 +246,7 @@ def exchange(
         _fill_row(send, _address(send), 0, words, inline)
         row = torch.frombuffer(send, dtype=torch.int64)
         out = recv_t if device.type == "cpu" else torch.empty(total // 8, dtype=torch.int64, device=device)
-        wait(_all_gather_single(out, row.to(device), group), timeout)
+        wait(_all_gather_single(out, row.to(device), group), wait_for)
         if out is not recv_t:
             recv_t.copy_(out)
         return Exchange(recv, group_size)
@@ -250,7 +260,7 @@ def exchange(
         _fill_row(send, _address(send), 0, words, inline)
     for r in range(1, group_size):
         send[r * HEADER_BYTES : (r + 1) * HEADER_BYTES] = send[:HEADER_BYTES]
-    wait(_all_to_all(recv_t, send_t, group), timeout)  # on failure the scratch stays taken: gloo may hold it
+    wait(_all_to_all(recv_t, send_t, group), wait_for)  # on failure the scratch stays taken: gloo may hold it
     exchanged = Exchange(recv, group_size)
     if held is not None:
         held.give_back()
@@ -317,16 +327,22 @@ def _all_to_all(out: torch.Tensor, inp: torch.Tensor, group: Any) -> Any:
 
 
 def exchange_blobs(
-    blob: torch.Tensor, lengths: Sequence[int], *, group: Any, device: torch.device, timeout: float | None
+    blob: torch.Tensor, *, width: int, group_size: int, group: Any, device: torch.device, wait_for: timedelta | None
 ) -> list[torch.Tensor]:
-    """All-gather variable-length uint8 blobs whose lengths every rank already knows (diagnostics)."""
-    width = max(1, *lengths)
+    """All-gather one uint8 blob per rank into rows of ``width`` bytes (diagnostics).
+
+    Every rank must pass the same ``width`` (decided from facts every rank holds), so the buffers
+    gloo compares have equal sizes; a blob longer than ``width`` is cut to it, and a shorter one padded
+    with zeros. Row ``r`` of the result is rank ``r``'s (cut or padded) blob.
+    """
+    width = max(1, width)
     padded = torch.zeros(width, dtype=torch.uint8)
-    padded[: blob.numel()].copy_(blob)
-    table = torch.empty(len(lengths) * width, dtype=torch.uint8, device=device)
-    wait(_all_gather_single(table, padded.to(device), group), timeout)
-    rows = table.view(len(lengths), width).cpu()
-    return [rows[r, : lengths[r]] for r in range(len(lengths))]
+    length = min(blob.numel(), width)
+    padded[:length].copy_(blob[:length])
+    table = torch.empty(group_size * width, dtype=torch.uint8, device=device)
+    wait(_all_gather_single(table, padded.to(device), group), wait_for)
+    rows = table.view(group_size, width).cpu()
+    return [rows[r] for r in range(group_size)]
 
 
 def _all_gather_single(out: torch.Tensor, row: torch.Tensor, group: Any) -> Any:
@@ -342,17 +358,18 @@ class CollectiveFailed(Exception):
         self.timed_out = timed_out
 
 
-def wait(work: Any, timeout: float | None) -> None:
-    """Wait for an async collective, bounded by ``timeout`` seconds when given.
+def wait(work: Any, wait_for: timedelta | None) -> None:
+    """Wait for an async collective, bounded by ``wait_for`` when given.
 
     Raises:
         CollectiveFailed: the collective did not complete in time, or failed (a peer crashed); the
             group is unusable afterwards.
     """
     try:
-        done = work.wait() if timeout is None else work.wait(timeout=timedelta(seconds=timeout))
+        done = work.wait() if wait_for is None else work.wait(timeout=wait_for)
     except RuntimeError as exc:  # gloo reports timeouts and dead peers as RuntimeError
         text = str(exc)
         raise CollectiveFailed(text, timed_out="timed out" in text.lower()) from exc
     if done is False:
-        raise CollectiveFailed(f"collective not complete after {timeout} s", timed_out=True)
+        limit = f"{wait_for.total_seconds()} s" if wait_for is not None else "the process-group timeout"
+        raise CollectiveFailed(f"collective not complete after {limit}", timed_out=True)

@@ -11,12 +11,13 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from distinit.broadcast._bounds import MAX_BYTES_ENV, PROBLEM_OF_OP, header_problem
 from distinit.broadcast._dtypes import describe, device_type_name, dtype_name
-from distinit.broadcast._header import MAGIC, OP_NAMES, OP_OBJECT, OP_TENSOR, View
+from distinit.broadcast._header import MAGIC, OP_MODULE, OP_NAMES, OP_OBJECT, OP_STATE_DICT, OP_TENSOR, View
 from distinit.errors import BroadcastMismatchError
 
 # Local problems a rank reports in its header instead of raising alone (which would leave its peers
-# waiting in the collective). Codes are part of the wire protocol.
+# waiting in the collective). Codes are part of the wire protocol: 8 and 9 were retired (nothing sent them).
 OK = 0
 SRC_PASSED_NONE = 1
 NOT_A_TENSOR = 2
@@ -25,8 +26,6 @@ TOO_MANY_DIMS = 4
 SERIALIZE_FAILED = 5
 NOT_A_STATE_DICT = 6
 NOT_STRIDED = 7
-NO_DEVICE = 8
-TOO_LARGE = 9
 BAD_TYPE = 10
 
 STATUS_TEXT = {
@@ -37,8 +36,6 @@ STATUS_TEXT = {
     SERIALIZE_FAILED: "could not serialise its object as the given type= (see that rank's chained error)",
     NOT_A_STATE_DICT: "passed a state dict that is not a Mapping[str, torch.Tensor]",
     NOT_STRIDED: "passed a sparse or otherwise non-strided tensor (call .to_dense() first)",
-    NO_DEVICE: "cannot place the received tensor: the requested device type is not available on this rank",
-    TOO_LARGE: "would send more bytes than a header can describe",
     BAD_TYPE: "passed a type= pydantic cannot build a schema for (see that rank's chained error)",
 }
 
@@ -49,6 +46,8 @@ FIELD_PHRASE = {
     "call": "the call",
     "src": "src",
     "argument": "its arguments",
+    "header": "a well-formed header",
+    "size": "the payload size",
     "device": "device type",
     "dtype": "dtype",
     "shape": "shape",
@@ -57,6 +56,20 @@ FIELD_PHRASE = {
     "metadata": "tensor dtypes and shapes",
 }
 """``field`` codes (``BroadcastMismatchError.field``) and how messages name them."""
+
+_HEADS = {"header": "got a malformed header", "size": "would exceed a receiver's size limit"}
+"""Fields whose message does not read "disagrees on ..." (a fault of one rank, not a disagreement)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What one check of the verdict found: the field, the ranks at fault, each rank's view, why and the fix."""
+
+    field: str
+    ranks: tuple[int, ...]
+    views: dict[int, str]
+    why: str
+    fix: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,16 +91,12 @@ class Mismatch:
     def error(self) -> BroadcastMismatchError:
         """The error every rank raises, worded identically."""
         src = f"src={self.src}" if self.src is not None else "src disputed"
-        phrase = FIELD_PHRASE.get(self.field, self.field)
-        head = f"{self.call} call #{self.seq} ({src}, {self.size} ranks) disagrees on {phrase}"
+        head = _HEADS.get(self.field) or f"disagrees on {FIELD_PHRASE.get(self.field, self.field)}"
         body = self.detail or _join_views(self.views, self.src)
-        tail = (
-            f"Raised on all {self.size} ranks; the data was discarded."
-            if self.sent
-            else f"Raised on all {self.size} ranks; no data was written."
-        )
+        tail = "the data was discarded" if self.sent else "no data was written"
         return BroadcastMismatchError(
-            f"{head}: {body}. {tail}",
+            f"{self.call} call #{self.seq} ({src}, {self.size} ranks) {head}: {body}. "
+            f"Raised on all {self.size} ranks; {tail}.",
             call=self.call,
             seq=self.seq,
             field=self.field,
@@ -136,176 +145,262 @@ def agreed(views: Sequence[View], my_op: int) -> bool:
         if v.magic != MAGIC or v.seq != first.seq or v.op != first.op or v.src != src or v.status:
             return False
     sv = views[src]
+    if PROBLEM_OF_OP[my_op](sv) is not None:
+        return False
     if my_op == OP_TENSOR:
         key = (sv.device, sv.dtype, sv.shape)
         return all((v.device, v.dtype, v.shape) == key for r, v in enumerate(views) if r != src and v.has_buffer)
     if my_op == OP_OBJECT:
-        return all(v.fingerprint == sv.fingerprint for v in views)
+        total = sv.aux_nbytes + sv.nbytes
+        return all(v.fingerprint == sv.fingerprint and v.limit >= total for v in views)
     return all(v.fingerprint == sv.fingerprint for r, v in enumerate(views) if r != src and v.has_buffer)
 
 
 def judge(views: Sequence[View], *, my_op: int, seq: int) -> Mismatch | None:
     """The verdict on one call, identical on every rank given the same ``views``.
 
-    Checks, in order: protocol, sequence, call kind, src, local argument problems, then what
-    each call kind needs (device type, dtype and shape of buffers; the schema fingerprint of
-    objects; the metadata fingerprint of state dicts and modules).
+    Checks, in order: protocol, sequence, call kind, src, local argument problems, src's header
+    (well formed, within every rank's size limit), then what each call kind needs (device type,
+    dtype and shape of buffers; the schema fingerprint of objects; the metadata fingerprint of
+    state dicts and modules).
     """
     if agreed(views, my_op):
         return None
-    size = len(views)
     call = OP_NAMES.get(my_op, "broadcast")
+    for check in (_protocol, _sequence, _call_kind, _src):
+        found = check(views)
+        if found is not None:
+            return _mismatch(found, call=call, seq=seq, size=len(views), src=None)
+    src = views[0].src
+    for call_check in (_argument, _header, _size_limit, _CALL_CHECKS[my_op]):
+        found = call_check(views, src)
+        if found is not None:
+            return _mismatch(found, call=call, seq=seq, size=len(views), src=src)
+    return None
 
-    def mismatch(field: str, ranks: Sequence[int], text: dict[int, str], why: str, fix: str) -> Mismatch:
-        return Mismatch(call, seq, size, src, field, tuple(sorted(ranks)), text, why, fix)
 
-    src: int | None = None
+def _mismatch(found: Found, *, call: str, seq: int, size: int, src: int | None) -> Mismatch:
+    return Mismatch(call=call, seq=seq, size=size, src=src, **vars(found))
+
+
+def _found(field: str, ranks: Sequence[int], views: dict[int, str], *, why: str, fix: str) -> Found:
+    return Found(field=field, ranks=tuple(sorted(ranks)), views=views, why=why, fix=fix)
+
+
+def _protocol(views: Sequence[View]) -> Found | None:
     bad = [r for r, v in enumerate(views) if v.magic != MAGIC]
-    if bad:
-        return mismatch(
-            "protocol",
-            bad,
-            {r: ("sent an unreadable header" if r in bad else "sent a distinit header") for r in range(size)},
-            "those ranks run another distinit version, or are inside a different collective at this point",
-            "run the same distinit version on every rank, and make every rank of the group make the same calls",
-        )
-    seqs = [v.seq for v in views]
-    if len(set(seqs)) > 1:
-        common = _majority(seqs)
-        return mismatch(
-            "sequence",
-            [r for r, s in enumerate(seqs) if s != common],
-            {r: f"reached broadcast call #{s} in this group" for r, s in enumerate(seqs)},
-            "a rank skipped or added a broadcast call (one inside `if rank == ...`, or an early return or "
-            "caught exception on some ranks)",
-            "make every rank of the group make the same distinit broadcast calls in the same order",
-        )
-    ops = [v.op for v in views]
-    if len(set(ops)) > 1:
-        common = _majority(ops)
-        return mismatch(
-            "call",
-            [r for r, o in enumerate(ops) if o != common],
-            {r: f"called {OP_NAMES.get(o, f'op {o}')}" for r, o in enumerate(ops)},
-            "the ranks are at different call sites of the program",
-            "make every rank of the group make the same distinit broadcast calls in the same order",
-        )
-    srcs = [v.src for v in views]
-    if len(set(srcs)) > 1 or not 0 <= srcs[0] < size:
-        common = _majority(srcs)
-        faulty = [r for r, s in enumerate(srcs) if s != common or not 0 <= s < size]
-        return mismatch(
-            "src",
-            faulty,
-            {
-                r: f"gave src={s}" + ("" if 0 <= s < size else f" (outside the group of {size})")
-                for r, s in enumerate(srcs)
-            },
-            "ranks that disagree on src would each wait for a different sender until the process-group timeout",
-            "pass the same src on every rank; within a subgroup src is the rank *in the group* "
-            "(0..group size-1), not the global rank",
-        )
-    src = srcs[0]
-    faulty = [r for r, v in enumerate(views) if v.status != 0]
-    if faulty:
-        return mismatch(
-            "argument",
-            faulty,
-            {r: STATUS_TEXT.get(views[r].status, f"reported problem code {views[r].status}") for r in faulty},
-            "a rank could not take part with what it was given; it reported that instead of leaving its peers waiting",
-            f"fix the argument on {ranks_phrase(faulty)} (that rank's error chains the local cause)",
-        )
-    sv = views[src]
-    if my_op == OP_TENSOR:
-        return _judge_tensor(views, src, mismatch)
-    if my_op == OP_OBJECT:
-        bad = [r for r, v in enumerate(views) if v.fingerprint != sv.fingerprint]
-        if bad:
-            return mismatch(
-                "schema",
-                bad,
-                {
-                    r: f"gave a type= with schema fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x}"
-                    for r in [src, *bad]
-                },
-                "the type= passed on those ranks differs from src's (another class, field set, or code version)",
-                "pass the same type= on every rank, from the same version of the code",
-            )
+    if not bad:
         return None
-    bad = [r for r, v in enumerate(views) if v.has_buffer and r != src and v.fingerprint != sv.fingerprint]
-    if bad:
-        return mismatch(
-            "keys",
-            bad,
-            {
-                r: f"has {views[r].count} tensors (fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x})"
-                for r in [src, *bad]
-            },
-            "the models or state dicts differ in their keys, dtypes or shapes",
-            "build the same model (same config and code version) on every rank before broadcasting",
-        )
-    return None
+    return _found(
+        "protocol",
+        bad,
+        {r: ("sent an unreadable header" if r in bad else "sent a distinit header") for r in range(len(views))},
+        why="those ranks run another distinit version, or are inside a different collective at this point",
+        fix="run the same distinit version on every rank, and make every rank of the group make the same calls",
+    )
 
 
-def _judge_tensor(views: Sequence[View], src: int, make: Callable[..., Mismatch]) -> Mismatch | None:
+def _sequence(views: Sequence[View]) -> Found | None:
+    seqs = [v.seq for v in views]
+    if len(set(seqs)) == 1:
+        return None
+    common = _majority(seqs)
+    return _found(
+        "sequence",
+        [r for r, s in enumerate(seqs) if s != common],
+        {r: f"reached broadcast call #{s} in this group" for r, s in enumerate(seqs)},
+        why="a rank skipped or added a broadcast call (one inside `if rank == ...`, or an early return or "
+        "caught exception on some ranks)",
+        fix="make every rank of the group make the same distinit broadcast calls in the same order",
+    )
+
+
+def _call_kind(views: Sequence[View]) -> Found | None:
+    ops = [v.op for v in views]
+    if len(set(ops)) == 1:
+        return None
+    common = _majority(ops)
+    return _found(
+        "call",
+        [r for r, o in enumerate(ops) if o != common],
+        {r: f"called {OP_NAMES.get(o, f'op {o}')}" for r, o in enumerate(ops)},
+        why="the ranks are at different call sites of the program",
+        fix="make every rank of the group make the same distinit broadcast calls in the same order",
+    )
+
+
+def _src(views: Sequence[View]) -> Found | None:
+    size, srcs = len(views), [v.src for v in views]
+    if len(set(srcs)) == 1 and 0 <= srcs[0] < size:
+        return None
+    common = _majority(srcs)
+    return _found(
+        "src",
+        [r for r, s in enumerate(srcs) if s != common or not 0 <= s < size],
+        {r: f"gave src={s}" + ("" if 0 <= s < size else f" (outside the group of {size})") for r, s in enumerate(srcs)},
+        why="ranks that disagree on src would each wait for a different sender until the process-group timeout",
+        fix="pass the same src on every rank; within a subgroup src is the rank *in the group* "
+        "(0..group size-1), not the global rank",
+    )
+
+
+def _argument(views: Sequence[View], src: int) -> Found | None:
+    faulty = [r for r, v in enumerate(views) if v.status != 0]
+    if not faulty:
+        return None
+    return _found(
+        "argument",
+        faulty,
+        {r: STATUS_TEXT.get(views[r].status, f"reported problem code {views[r].status}") for r in faulty},
+        why="a rank could not take part with what it was given; it reported that instead of leaving its peers waiting",
+        fix=f"fix the argument on {ranks_phrase(faulty)} (that rank's error chains the local cause)",
+    )
+
+
+def _header(views: Sequence[View], src: int) -> Found | None:
+    problem = header_problem(views[src], views[src].op)
+    if problem is None:
+        return None
+    return _found(
+        "header",
+        [src],
+        {src: problem},
+        why="a header must describe exactly the bytes that follow it; this one contradicts itself or exceeds a "
+        "bound, so no rank allocated or received anything (a corrupt or hostile peer, or another build)",
+        fix=f"check what runs on rank {src}: every rank must run the same distinit and torch code",
+    )
+
+
+def _size_limit(views: Sequence[View], src: int) -> Found | None:
+    if views[src].op != OP_OBJECT:
+        return None
+    total = views[src].aux_nbytes + views[src].nbytes
+    small = [r for r, v in enumerate(views) if v.limit < total]
+    if not small:
+        return None
+    return _found(
+        "size",
+        small,
+        {
+            src: f"sends {total} bytes",
+            **{r: f"accepts at most {views[r].limit} bytes (max_bytes=)" for r in small if r != src},
+        },
+        why="broadcast_object caps what a receiver accepts, because parsing JSON costs many times its size in memory",
+        fix=f"pass a larger max_bytes= (or set {MAX_BYTES_ENV}) on every rank, or send large tensors with "
+        "broadcast_tensor or broadcast_state_dict",
+    )
+
+
+def _schema(views: Sequence[View], src: int) -> Found | None:
     sv = views[src]
+    bad = [r for r, v in enumerate(views) if v.fingerprint != sv.fingerprint]
+    if not bad:
+        return None
+    return _found(
+        "schema",
+        bad,
+        {r: f"gave a type= with schema fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x}" for r in [src, *bad]},
+        why="the type= passed on those ranks differs from src's (another class, field set, or code version)",
+        fix="pass the same type= on every rank, from the same version of the code",
+    )
 
-    def view_text(r: int) -> str:
-        v = views[r]
-        if r == src:
-            return f"sends {describe(v.dtype, v.shape)} on {device_type_name(v.device)}"
-        return f"passed a buffer of {describe(v.dtype, v.shape)} on {device_type_name(v.device)}"
 
+def _layout(views: Sequence[View], src: int) -> Found | None:
+    sv = views[src]
+    bad = [r for r, v in enumerate(views) if v.has_buffer and r != src and v.fingerprint != sv.fingerprint]
+    if not bad:
+        return None
+    return _found(
+        "keys",
+        bad,
+        {r: f"has {views[r].count} tensors (fingerprint {views[r].fingerprint & 0xFFFFFFFF:08x})" for r in [src, *bad]},
+        why="the models or state dicts differ in their keys, dtypes or shapes",
+        fix="build the same model (same config and code version) on every rank before broadcasting",
+    )
+
+
+def _tensor(views: Sequence[View], src: int) -> Found | None:
     receivers = [r for r, v in enumerate(views) if r != src and v.has_buffer]
+    return _device(views, src, receivers) or _dtype(views, src, receivers) or _shape(views, src, receivers)
+
+
+def _tensor_text(views: Sequence[View], src: int, rank: int) -> str:
+    v = views[rank]
+    if rank == src:
+        return f"sends {describe(v.dtype, v.shape)} on {device_type_name(v.device)}"
+    return f"passed a buffer of {describe(v.dtype, v.shape)} on {device_type_name(v.device)}"
+
+
+def _device(views: Sequence[View], src: int, receivers: list[int]) -> Found | None:
+    sv = views[src]
     bad = [r for r in receivers if views[r].device != sv.device]
-    if bad:
-        return make(
-            "device",
-            bad,
-            {r: view_text(r) for r in [src, *bad]},
-            "every rank must hold the tensor on the same device type: NCCL moves only CUDA tensors on the current "
-            "device, gloo moves CPU tensors (CUDA ones are staged through CPU); a mix is usually a missed .to()",
-            f"place the buffers on {device_type_name(sv.device)} on {ranks_phrase(bad)}, or pass None there "
-            "and device= to choose where the result lands",
-        )
+    if not bad:
+        return None
+    return _found(
+        "device",
+        bad,
+        {r: _tensor_text(views, src, r) for r in [src, *bad]},
+        why="every rank must hold the tensor on the same device type: NCCL moves only CUDA tensors on the current "
+        "device, gloo moves CPU tensors (CUDA ones are staged through CPU); a mix is usually a missed .to()",
+        fix=f"place the buffers on {device_type_name(sv.device)} on {ranks_phrase(bad)}, or pass None there "
+        "and device= to choose where the result lands",
+    )
+
+
+def _dtype(views: Sequence[View], src: int, receivers: list[int]) -> Found | None:
+    sv = views[src]
     bad = [r for r in receivers if views[r].dtype != sv.dtype]
-    if bad:
-        return make(
-            "dtype",
-            bad,
-            {r: view_text(r) for r in [src, *bad]},
-            "a raw broadcast copies bytes, so the receiver would reinterpret them "
-            f"({dtype_name(sv.dtype)} bits read as {dtype_name(views[bad[0]].dtype)} values)",
-            f"allocate the buffers with dtype=torch.{dtype_name(sv.dtype)} on {ranks_phrase(bad)}, or pass None there",
-        )
+    if not bad:
+        return None
+    return _found(
+        "dtype",
+        bad,
+        {r: _tensor_text(views, src, r) for r in [src, *bad]},
+        why="a raw broadcast copies bytes, so the receiver would reinterpret them "
+        f"({dtype_name(sv.dtype)} bits read as {dtype_name(views[bad[0]].dtype)} values)",
+        fix=f"allocate the buffers with dtype=torch.{dtype_name(sv.dtype)} on {ranks_phrase(bad)}, or pass None there",
+    )
+
+
+def _shape(views: Sequence[View], src: int, receivers: list[int]) -> Found | None:
+    sv = views[src]
     bad = [r for r in receivers if views[r].shape != sv.shape]
-    if bad:
-        src_numel = math.prod(sv.shape)
-        numels = {math.prod(views[r].shape) for r in bad}
-        if numels == {src_numel}:
-            why = (
-                "same element count, other shape: torch.distributed.broadcast would have filled the buffer "
-                "silently, wrongly laid out"
-            )
-        elif all(n < src_numel for n in numels):
-            why = (
-                "the buffer is smaller than what src sends: with a raw broadcast gloo kills the receiving process "
-                "(SIGABRT) while src carries on"
-            )
-        elif all(n > src_numel for n in numels):
-            why = (
-                "the buffer is larger than what src sends: a raw broadcast fills only its start and leaves stale "
-                "values in the rest"
-            )
-        else:
-            why = "the buffers differ in size from what src sends: a raw broadcast would corrupt or abort"
-        dims = ", ".join(str(d) for d in sv.shape)
-        return make(
-            "shape",
-            bad,
-            {r: view_text(r) for r in [src, *bad]},
-            why,
-            f"pass None on receivers to allocate from the sender's header, or allocate "
-            f"torch.empty({dims}{',' if len(sv.shape) == 1 else ''}) on {ranks_phrase(bad)}",
+    if not bad:
+        return None
+    dims = ", ".join(str(d) for d in sv.shape)
+    return _found(
+        "shape",
+        bad,
+        {r: _tensor_text(views, src, r) for r in [src, *bad]},
+        why=_shape_consequence(math.prod(sv.shape), {math.prod(views[r].shape) for r in bad}),
+        fix=f"pass None on receivers to allocate from the sender's header, or allocate "
+        f"torch.empty({dims}{',' if len(sv.shape) == 1 else ''}) on {ranks_phrase(bad)}",
+    )
+
+
+def _shape_consequence(src_numel: int, numels: set[int]) -> str:
+    """What a raw broadcast would have done with receivers of these element counts."""
+    if numels == {src_numel}:
+        return (
+            "same element count, other shape: torch.distributed.broadcast would have filled the buffer silently, "
+            "wrongly laid out"
         )
-    return None
+    if all(n < src_numel for n in numels):
+        return (
+            "the buffer is smaller than what src sends: with a raw broadcast gloo kills the receiving process "
+            "(SIGABRT) while src carries on"
+        )
+    if all(n > src_numel for n in numels):
+        return (
+            "the buffer is larger than what src sends: a raw broadcast fills only its start and leaves stale "
+            "values in the rest"
+        )
+    return "the buffers differ in size from what src sends: a raw broadcast would corrupt or abort"
+
+
+_CALL_CHECKS: dict[int, Callable[[Sequence[View], int], Found | None]] = {
+    OP_TENSOR: _tensor,
+    OP_OBJECT: _schema,
+    OP_STATE_DICT: _layout,
+    OP_MODULE: _layout,
+}

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from distinit.broadcast import _header, _mismatch
 from distinit.broadcast._dtypes import DTYPE_OF_CODE, describe, device_type_code, dtype_code
 from distinit.broadcast._group import CallContext, resolve
+from distinit.broadcast._handshake import handshake
 from distinit.broadcast._transport import (
+    allocate,
     broadcast_bytes,
     copy_back,
+    missing_dtype,
     receive_view,
-    timeout_error,
     wait_or_raise,
     wire_view,
 )
@@ -64,9 +66,10 @@ def broadcast_tensor(
 ) -> torch.Tensor:
     """Broadcast a tensor from group rank ``src``, checked on every rank first.
 
-    One all-to-all of a small int64 header lets every rank compare src, dtype, shape and device
-    type with every other rank before any payload moves; tensors up to 4 KiB travel inside that
-    same collective. Payloads travel as uint8 views, so every dtype works on gloo (bool, bfloat16,
+    One exchange of a small int64 header (an all-to-all on gloo, an all_gather on NCCL) lets every
+    rank compare src, dtype, shape and device type with every other rank, and check that src's
+    header is well formed, before any payload moves; tensors up to 4 KiB travel inside that same
+    collective. Payloads travel as uint8 views, so every dtype works on gloo (bool, bfloat16,
     float8, int16, uint16/32/64, complex).
 
     Args:
@@ -83,72 +86,95 @@ def broadcast_tensor(
         On src, ``tensor`` itself; on receivers, the filled buffer or a new tensor.
 
     Raises:
-        BroadcastMismatchError: ranks disagree on src, dtype, shape, device type or call order, or
-            a rank passed an unusable argument: raised on every rank of the group, before any
-            payload is written. Also raised (on the waiting rank) when ``timeout`` expires.
+        BroadcastMismatchError: ranks disagree on src, dtype, shape, device type or call order, a
+            rank passed an unusable argument, or src's header is malformed: raised on every rank of
+            the group, before any payload is written. On a receiver alone: this torch lacks src's
+            dtype (``field="dtype"``), or it cannot allocate what src announced (``field="size"``).
+        BroadcastTimeoutError: ``timeout`` expired or a peer died (on the waiting rank).
+        TypeError, ValueError: ``timeout`` is not a positive number of seconds or a timedelta.
         RuntimeError: torch.distributed is not initialised.
     """
-    ctx = resolve(group, timeout)
-    is_src = ctx.rank == src
-    status = _status_of(tensor, is_src)
+    ctx = resolve(group).next_call(op=_header.OP_TENSOR, src=src, timeout=timeout)
+    status = _status_of(tensor, ctx.rank == src)
     usable = tensor if status == _mismatch.OK and isinstance(tensor, torch.Tensor) else None
-    inline: torch.Tensor | None = None
-    if usable is not None:
-        nbytes = usable.nbytes
-        dev_code = _CPU_CODE if usable.is_cpu else device_type_code(usable.device)  # .device costs 0.4 µs
-        if is_src and nbytes <= _header.INLINE_BYTES:
-            inline = usable  # its raw bytes ride in the header row (staged through CPU when needed)
-        words = _header.fixed_words(
-            seq=ctx.seq, op=_header.OP_TENSOR, src=src, has_buffer=True, status=status,
-            dtype=dtype_code(usable.dtype), device=dev_code, shape=usable.shape, nbytes=nbytes,
-            inline=nbytes if inline is not None else _header.NOT_INLINE, global_rank=ctx.global_rank,
-        )  # fmt: skip
-    else:
-        words = _header.fixed_words(
-            seq=ctx.seq, op=_header.OP_TENSOR, src=src, status=status, global_rank=ctx.global_rank
-        )
-    try:
-        exchanged = ctx.exchange(words, inline)
-    except _header.CollectiveFailed as exc:
-        raise timeout_error(ctx, CALL, src, "header exchange", exc) from exc
-    verdict = _mismatch.judge(exchanged.views, my_op=_header.OP_TENSOR, seq=ctx.seq)
-    if verdict is not None:
-        raise verdict.error() from (TypeError(_mismatch.STATUS_TEXT[status]) if status else None)
+    nbytes = usable.nbytes if usable is not None else 0
+    inline = usable if usable is not None and ctx.rank == src and nbytes <= _header.INLINE_BYTES else None
+    exchanged = handshake(
+        ctx,
+        _row(ctx, usable, status, nbytes=nbytes, inline=inline is not None),
+        inline=inline,  # its raw bytes ride in the header row (staged through CPU when needed)
+        cause=TypeError(_mismatch.STATUS_TEXT[status]) if status else None,
+    )
     sv = exchanged.views[src]
     if logger.isEnabledFor(logging.DEBUG):
-        logger.debug(
-            "rank %d: %s call #%d from src %d: %s, %d bytes%s",
-            ctx.rank, CALL, ctx.seq, src, describe(sv.dtype, sv.shape), sv.nbytes,
-            " inline" if sv.inline != _header.NOT_INLINE else "",
-            extra={"distinit": {"event": "broadcast.call", "call": CALL, "seq": ctx.seq, "src": src,
-                                "rank": ctx.rank, "nbytes": sv.nbytes}},
-        )  # fmt: skip
-    if is_src:
-        if usable is None:  # unreachable: the verdict checked src's status
-            raise RuntimeError(f"{CALL}: src passed no tensor but the verdict let it through")
+        _log(ctx, sv)
+    if usable is not None and ctx.rank == src:
         if sv.inline == _header.NOT_INLINE:
             wire, _ = wire_view(usable, ctx.comm_device)
-            wait_or_raise(broadcast_bytes(wire, src, ctx), ctx, CALL, src, "payload broadcast")
+            wait_or_raise(broadcast_bytes(wire, ctx), ctx, "payload broadcast")
         return usable
-    out = usable
+    return _receive(ctx, exchanged, usable, device)
+
+
+def _row(ctx: CallContext, usable: torch.Tensor | None, status: int, *, nbytes: int, inline: bool) -> list[int]:
+    """This rank's header words: its tensor's dtype, device type, shape and size, or only its status."""
+    if usable is None:
+        return _header.fixed_words(
+            seq=ctx.seq, op=_header.OP_TENSOR, src=ctx.src, status=status, global_rank=ctx.global_rank
+        )
+    return _header.fixed_words(
+        seq=ctx.seq,
+        op=_header.OP_TENSOR,
+        src=ctx.src,
+        has_buffer=True,
+        status=status,
+        dtype=dtype_code(usable.dtype),
+        device=_CPU_CODE if usable.is_cpu else device_type_code(usable.device),  # .device costs 0.4 µs
+        shape=usable.shape,
+        nbytes=nbytes,
+        inline=nbytes if inline else _header.NOT_INLINE,
+        global_rank=ctx.global_rank,
+    )
+
+
+def _log(ctx: CallContext, sv: _header.View) -> None:
+    logger.debug(
+        "rank %d: %s call #%d from src %d: %s, %d bytes%s",
+        ctx.rank,
+        CALL,
+        ctx.seq,
+        ctx.src,
+        describe(sv.dtype, sv.shape),
+        sv.nbytes,
+        " inline" if sv.inline != _header.NOT_INLINE else "",
+        extra=ctx.log_facts(nbytes=sv.nbytes),
+    )
+
+
+def _receive(
+    ctx: CallContext, exchanged: _header.Exchange, out: torch.Tensor | None, device: torch.device | str | None
+) -> torch.Tensor:
+    """Receive src's tensor into ``out``, or into a tensor allocated from src's (verified) header."""
+    sv = exchanged.views[ctx.src]
     if out is None:
         dtype = DTYPE_OF_CODE.get(sv.dtype)
         if dtype is None:
-            # Take part in the payload collective anyway so src does not hang, then fail here.
-            if sv.inline == _header.NOT_INLINE:
-                sink = torch.empty(sv.nbytes, dtype=torch.uint8, device=ctx.comm_device)
-                wait_or_raise(broadcast_bytes(sink, src, ctx), ctx, CALL, src, "payload broadcast")
-            raise TypeError(
-                f"{CALL} call #{ctx.seq}: src sent dtype code {sv.dtype}, which this torch "
-                f"({torch.__version__}) does not know; run the same torch version on every rank"
-            )
-        out = torch.empty(sv.shape, dtype=dtype, device=_receiver_device(device, sv.device, ctx))
-    if sv.inline != _header.NOT_INLINE:
-        if not exchanged.copy_inline_into(src, out):
-            copy_back(out, exchanged.inline_payload(src))  # copy_ moves it to out's device
+            _refuse_unknown_dtype(ctx, sv)
+        out = allocate(ctx, sv.shape, dtype=dtype, device=_receiver_device(device, sv.device, ctx))
+    if sv.inline != _header.NOT_INLINE:  # the verdict checked: exactly out's bytes
+        if not exchanged.copy_inline_into(ctx.src, out):
+            copy_back(out, exchanged.inline_payload(ctx.src))  # copy_ moves it to out's device
         return out
     buf, staged = receive_view(out, ctx.comm_device)
-    wait_or_raise(broadcast_bytes(buf, src, ctx), ctx, CALL, src, "payload broadcast")
+    wait_or_raise(broadcast_bytes(buf, ctx), ctx, "payload broadcast")
     if staged:
         copy_back(out, buf)
     return out
+
+
+def _refuse_unknown_dtype(ctx: CallContext, sv: _header.View) -> NoReturn:
+    """Src sent a dtype the protocol defines but this torch lacks: take part, so src does not hang, then fail."""
+    if sv.inline == _header.NOT_INLINE:
+        sink = allocate(ctx, (sv.nbytes,), dtype=torch.uint8, device=ctx.comm_device)
+        wait_or_raise(broadcast_bytes(sink, ctx), ctx, "payload broadcast")
+    raise missing_dtype(ctx, sv.dtype, f"a tensor of shape {list(sv.shape)}")

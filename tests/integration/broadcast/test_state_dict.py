@@ -70,6 +70,25 @@ def test_state_dict_round_trips_bit_exactly(dist_world: DistWorld, world_size: i
     assert dist_world(state_dict_round_trips, world_size=world_size, timeout=45) == [[]] * world_size
 
 
+def mixed_receivers() -> list[str]:
+    """One receiver allocates from src's metadata (> 4 KiB: its own broadcast), another fills its own dict."""
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_state_dict
+
+    rank, ref = dist.get_rank(), _state_dict(0)
+    mine = {0: ref, 1: None, 2: _state_dict(2)}[rank]
+    got = broadcast_state_dict(mine, timeout=20)
+    again = broadcast_state_dict(mine if rank != 1 else None, timeout=20)  # and the group is still in step
+    return [] if _same(got, ref) and _same(again, ref) else [f"rank {rank} got other tensors"]
+
+
+@pytest.mark.timeout(60)
+def test_receivers_that_allocate_and_receivers_with_buffers_mix(dist_world: DistWorld) -> None:
+    # Before, receivers passing a state dict skipped the metadata broadcast the others joined.
+    assert dist_world(mixed_receivers, world_size=3, timeout=45) == [[], [], []]
+
+
 def state_dict_mismatches() -> list[tuple[str, str, str, float]]:
     import torch.distributed as dist
 

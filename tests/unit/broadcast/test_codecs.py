@@ -7,8 +7,9 @@ import pytest
 import torch
 from typing_extensions import TypedDict
 
-from distinit.broadcast._object import TENSOR_MARK, decode, encode, schema_fingerprint
-from distinit.broadcast._state_dict import decode_meta, diff_metadata, module_tensors
+from distinit.broadcast._codec import TENSOR_MARK, decode, encode, schema_fingerprint
+from distinit.broadcast._layout import decode_meta, diff_metadata
+from distinit.broadcast._module import module_tensors
 
 EMPTY = torch.empty(0, dtype=torch.uint8)
 CPU = torch.device("cpu")
@@ -61,7 +62,7 @@ class Holder(pydantic.BaseModel):
 def test_round_trip(value: object, tp: object) -> None:
     payload, tensors = encode(value, tp)
     assert tensors == []
-    assert decode(payload, EMPTY, 0, tp, CPU) == value
+    assert decode(payload, EMPTY, count=0, tp=tp, device=CPU) == value
 
 
 def test_fingerprint_tells_versions_apart_and_is_stable() -> None:
@@ -76,7 +77,7 @@ def test_tensors_become_markers_and_come_back() -> None:
     payload, tensors = encode(Holder(weight=weight, name="w"), Holder)
     assert TENSOR_MARK.encode() in payload
     assert tensors == [weight]
-    got = decode(payload, weight.reshape(-1).view(torch.uint8).clone(), 1, Holder, CPU)
+    got = decode(payload, weight.reshape(-1).view(torch.uint8).clone(), count=1, tp=Holder, device=CPU)
     assert torch.equal(got.weight, weight)
     assert got.weight.dtype == torch.bfloat16
 
@@ -98,7 +99,7 @@ HOSTILE = [
 @pytest.mark.parametrize("payload", HOSTILE)
 def test_hostile_payload_is_a_validation_error(payload: bytes) -> None:
     with pytest.raises((pydantic.ValidationError, ValueError)):
-        decode(payload, EMPTY, 0, Config, CPU)
+        decode(payload, EMPTY, count=0, tp=Config, device=CPU)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,7 @@ def test_hostile_payload_is_a_validation_error(payload: bytes) -> None:
 )
 def test_hostile_tensor_markers(payload: bytes) -> None:
     with pytest.raises(ValueError, match=r"marker|bytes"):
-        decode(payload, torch.zeros(8, dtype=torch.uint8), 1, Holder, CPU)
+        decode(payload, torch.zeros(8, dtype=torch.uint8), count=1, tp=Holder, device=CPU)
 
 
 def test_decode_meta_rejects_malformed() -> None:

@@ -59,7 +59,7 @@ def test_training_still_works_after_flattening() -> None:
         assert torch.allclose(a, b)
     flat = _flat.registered(model)
     assert flat is not None
-    assert all(v.data_ptr() == p.data_ptr() for v, p in zip(flat.groups[0].views, model.parameters(), strict=True))
+    assert all(v.data_ptr() == p.data_ptr() for v, p in zip(flat.buffers[0].views, model.parameters(), strict=True))
 
 
 def test_tensor_subclasses_are_refused_and_nothing_moves() -> None:

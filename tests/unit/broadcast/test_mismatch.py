@@ -1,6 +1,7 @@
 """The verdict is a pure function of every rank's header view: table tests with named rows."""
 
 import copy
+import math
 import pickle
 
 import pytest
@@ -23,7 +24,8 @@ def view(**kw: object) -> View:
 
 
 def sender(shape: tuple[int, ...] = (2, 3), dtype: int = F32, **kw: object) -> View:
-    return view(has_buffer=True, dtype=dtype, device=CPU, shape=shape, **kw)
+    nbytes = math.prod(shape) * (4 if dtype in (F32, I32) else 8)
+    return view(has_buffer=True, dtype=dtype, device=CPU, shape=shape, nbytes=nbytes, **kw)
 
 
 def buffer(shape: tuple[int, ...] = (2, 3), dtype: int = F32, device: int = CPU, **kw: object) -> View:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from distinit.broadcast import _state_dict
+from distinit.broadcast import _layout, _pipeline, _staging
 from distinit.broadcast._plan import Step, plan
 
 
@@ -54,7 +54,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def test_staged_pack_unpack_round_trips_bit_exactly(bucket: int) -> None:
     sources = _tensors()
     names = [f"t{i}" for i in range(len(sources))]
-    staged = _state_dict._staged(_state_dict.layout(names, sources), sources, bucket)
+    staged = _staging.staged_plan(_layout.layout(names, sources), sources, bucket)
     targets = [torch.full_like(t, 0) for t in sources]
     cpu = torch.device("cpu")
     for index, step in enumerate(staged.steps):
@@ -63,8 +63,8 @@ def test_staged_pack_unpack_round_trips_bit_exactly(bucket: int) -> None:
             continue
         flat = staged.buffer(index, cpu)
         assert flat.dtype == sources[step.indices[0]].dtype and flat.numel() * flat.element_size() == step.nbytes
-        _state_dict._pack([sources[i] for i in step.indices], flat, staged, index)
-        _state_dict._CopyBack([targets[i] for i in step.indices], staged.views(index, cpu))()
+        _pipeline.pack([sources[i] for i in step.indices], flat, staged, index)
+        _pipeline.CopyBack([targets[i] for i in step.indices], staged.views(index, cpu))()
     for source, target in zip(sources, targets, strict=True):
         assert torch.equal(_bits(source), _bits(target))
         assert target.shape == source.shape and target.dtype == source.dtype
@@ -72,20 +72,20 @@ def test_staged_pack_unpack_round_trips_bit_exactly(bucket: int) -> None:
 
 def test_staged_plan_is_cached_with_its_buffers() -> None:
     sources = [torch.randn(10) for _ in range(4)]
-    lay = _state_dict.layout([f"p{i}" for i in range(4)], sources)
-    first = _state_dict._staged(lay, sources, 1 << 20)
+    lay = _layout.layout([f"p{i}" for i in range(4)], sources)
+    first = _staging.staged_plan(lay, sources, 1 << 20)
     buf = first.buffer(0, torch.device("cpu"))
-    again = _state_dict._staged(lay, sources, 1 << 20)
+    again = _staging.staged_plan(lay, sources, 1 << 20)
     assert again is first and again.buffer(0, torch.device("cpu")) is buf
     again.drop_buffers()
     assert again.buffer(0, torch.device("cpu")) is not buf
 
 
 def test_staging_over_budget_is_allocated_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_state_dict, "_STAGING_BUDGET", 16)
+    monkeypatch.setattr(_staging, "STAGING_BUDGET", 16)
     sources = [torch.randn(10) for _ in range(3)]
-    lay = _state_dict.layout(["a", "b", "c"], sources)
-    first = _state_dict._staged(lay, sources, 1 << 20)
-    second = _state_dict._staged(lay, sources, 1 << 20)
+    lay = _layout.layout(["a", "b", "c"], sources)
+    first = _staging.staged_plan(lay, sources, 1 << 20)
+    second = _staging.staged_plan(lay, sources, 1 << 20)
     assert first is not second  # a fresh copy each call: nothing retained past the budget
     assert first.steps == second.steps
