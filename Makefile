@@ -9,7 +9,7 @@ BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.distinit-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv system demo test lint unit integration bench clean
+.PHONY: all venv system demo test lint unit integration bench dist dist-check clean
 
 all: test
 
@@ -31,6 +31,22 @@ system:
 demo: $(STAMP)
 	$(BIN)/torchrun --standalone --nproc-per-node=4 --no-python $(BIN)/distinit env --explain --check
 
+# The package as users install it: an sdist, and a wheel built from that sdist (python -m build).
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist . > dist.log 2>&1 || { cat dist.log; exit 1; }
+	@rm -f dist.log
+
+# The built wheel in a clean venv, run from outside the checkout: a file or entry point missing from the
+# wheel fails here, not on a user's machine. torch comes from TORCH_SPEC as for .venv.
+DIST_VENV ?= .venv-dist
+dist-check: dist
+	rm -rf $(DIST_VENV)
+	$(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(DIST_VENV)/bin/python -m pip install -q dist/distinit-*.whl
+	cd $(DIST_VENV) && bin/python $(CURDIR)/scripts/check-installed.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts
 	$(BIN)/ruff format --check src tests benchmarks examples scripts
@@ -42,12 +58,12 @@ unit: $(STAMP)
 integration: $(STAMP) system
 	$(BIN)/python -m pytest tests/integration -q $(PYTEST_ARGS)
 
-# The README's test command: system packages, venv, lint, then every test.
-test: $(STAMP) system lint
+# The README's test command: system packages, venv, lint, the built wheel checked, then every test.
+test: $(STAMP) system lint dist-check
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DIST_VENV) dist .pytest_cache .mypy_cache .ruff_cache
