@@ -26,10 +26,11 @@ venv: $(STAMP)
 system:
 	@bash scripts/install-system-deps.sh
 
-# The main job: a local 4-process torchrun world that resolves its environment, checks itself with a
-# real gloo all_gather, and explains where every value came from.
+# The main job: a local 4-process torchrun world that checks itself with `distinit doctor` (every rank's
+# local checks, then the world's: versions, clocks, node ranks, host-to-host reach); rank 0 prints the
+# report. `distinit env --explain` shows where every value came from.
 demo: $(STAMP)
-	$(BIN)/torchrun --standalone --nproc-per-node=4 --no-python $(BIN)/distinit env --explain --check
+	$(BIN)/torchrun --standalone --nproc-per-node=4 --no-python $(BIN)/distinit doctor
 
 # The package as users install it: an sdist, and a wheel built from that sdist (python -m build).
 dist: $(STAMP)

@@ -62,9 +62,14 @@ def main() -> None:
     package = _check_imports()
     _check_entry_points()
     world = json.loads(_run("env", "--no-strict", "--json"))
-    assert world["world_size"] == 1, world
+    if world["world_size"] != 1:
+        sys.exit(f"distinit env resolved {world}, expected one process")
     checked = _run("env", "--no-strict", "--check")
-    assert "check: ok" in checked, checked
+    if "check: ok" not in checked:
+        sys.exit(f"distinit env --check did not pass:\n{checked}")
+    report = json.loads(_run("doctor", "--no-strict", "--json"))
+    if not report["ok"] or report["world_size"] != 1:
+        sys.exit(f"distinit doctor on one process did not pass: {report}")
     print(f"check-installed: ok ({package})")
 
 

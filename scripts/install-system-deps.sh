@@ -7,7 +7,7 @@
 set -euo pipefail
 
 PACKAGES=(slurm-wlm slurmd slurmctld slurm-client munge openmpi-bin libopenmpi-dev mpich
-          libpmix-dev nftables iproute2 procps)
+          libpmix-dev nftables iproute2 procps faketime)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -3,7 +3,9 @@
 ``distinit env`` prints the resolved world (``--json``, ``--explain``, ``--export-shell``) and can check
 it for real (``--check``: form a gloo group with the exported values and verify every rank appears once).
 ``distinit watchdog serve`` runs the watchdog daemon until SIGTERM/SIGINT (see docs/watchdog.md).
-Exit status: 0 ok, 2 bad environment or set-up error, 3 the world check failed.
+``distinit doctor`` checks every rank and the world as a whole before a job (see docs/doctor.md).
+Exit status: 0 ok, 2 bad environment or set-up error, 3 the world check of ``env --check`` failed;
+``doctor``: 0 nothing failed (warnings allowed), 1 a check failed, 2 bad environment.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from distinit._duration import to_seconds
 from distinit._foreign import first_line
+from distinit.doctor._cli import add_doctor_parser
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError, RendezvousError, SchedulerEnvError
 from distinit.watchdog._daemon import add_watchdog_parser
@@ -181,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distinit",
         description="torch.distributed start-up that survives real launchers: resolve and check the world, "
-        "run the watchdog daemon.",
+        "run the watchdog daemon, check a whole world before a job (doctor).",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--check-timeout", type=_seconds, default=60.0, metavar="S", help="bound for --check (60 s)")
     env.set_defaults(handler=_cmd_env)
     add_watchdog_parser(commands)
+    add_doctor_parser(commands)
     return parser
 
 

@@ -15,15 +15,16 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
 LEAVES = ("errors", "_duration", "_foreign")
-CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations")
+CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor")
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {
     "env": set(),
-    "init": {"env"},
+    "init": {"env", "_identity"},
     "broadcast": set(),
     "watchdog": set(),
     "testing": {"env", "init", "broadcast", "watchdog"},
     "integrations": {"env", "init"},
+    "doctor": {"env", "init", "_identity"},
 }
 #: What the package face or the CLI is; no capability imports these.
 FACES = {"distinit", "distinit.cli", "distinit.testing.plugin"}
@@ -125,3 +126,11 @@ def test_a_violation_is_seen(tmp_path: Path) -> None:
     module = tmp_path / "probe.py"
     module.write_text("def f():\n    if True:\n        from distinit.init import setup\n        import torch\n")
     assert {"distinit.init", "distinit.init.setup", "torch"} <= _imports(module)
+
+
+def test_host_identity_is_shared_and_torch_free() -> None:
+    # init's setup() and the doctor's nodes check share this one implementation; it stays pure.
+    names = _imports(SRC / "_identity.py")
+    assert not [name for name in names if name == "torch" or name.startswith("torch.")]
+    ours = {_layer(name) for name in names if name.startswith("distinit.")}
+    assert ours <= {"errors", "env", "_duration", "_foreign"}, ours

@@ -1,0 +1,264 @@
+"""Host identity: which ranks share a machine, and what node layout that implies.
+
+A rank's host is what it can observe about its machine without the network: the hostname, the kernel's
+``boot_id`` (NCCL's own "same host" test, with the device of ``/dev/shm``), its network namespace, and the
+node name a launcher gave it. Ranks with identical identities are one host. :func:`group_ranks` is pure: it
+groups ranks by identity, derives what torchrun would assign (node rank by lowest global rank, local rank,
+local world size, node count) and lists every conflict with what the environment claims, naming the ranks
+and the hosts, so that "every node believes it is node 0" becomes one line.
+
+Torch-free: the standard library and pydantic only (``distinit doctor`` and ``setup()`` share it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Conflict", "HostIdentity", "HostSlot", "NodeLayout", "RankClaim", "group_ranks", "local_identity"]
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+#: Variables that name this task's node, innermost launcher first (Open MPI and MPICH give none).
+NODE_NAME_VARIABLES = ("SLURMD_NODENAME", "FLUX_NODE_NAME", "LSB_HOSTS_NODE", "PMI_HOSTNAME")
+
+
+class HostIdentity(BaseModel):
+    """What one process can observe about its machine. Equal identities mean one host."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hostname: str
+    boot_id: str | None = None
+    shm_device: str | None = None  # "major:minor" of /dev/shm
+    netns: int | None = None  # inode of /proc/self/ns/net
+    launcher_node: str | None = None
+
+
+class RankClaim(BaseModel):
+    """One rank's identity with what its environment says about its place in the world."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=0)
+    identity: HostIdentity
+    node_rank: int | None = Field(default=None, ge=0)
+    local_rank: int | None = Field(default=None, ge=0)
+    local_world_size: int | None = Field(default=None, ge=1)
+    num_nodes: int | None = Field(default=None, ge=1)
+
+
+class HostSlot(BaseModel):
+    """One host of the world, as derived from identities (torchrun's assignment)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: str  # the hostname, made unique among the hosts
+    identity: HostIdentity
+    node_rank: int
+    ranks: tuple[int, ...]  # ascending; position = derived local rank
+
+
+ConflictKind = Literal[
+    "duplicate_rank", "node_rank_shared", "node_rank_split", "local_ranks", "local_world_size", "num_nodes"
+]
+
+
+class Conflict(BaseModel):
+    """A disagreement between the environment's claims and the hosts the ranks really run on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: ConflictKind
+    message: str
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+
+
+class NodeLayout(BaseModel):
+    """The hosts of a world, derived from identities, and every conflict with what the ranks claim."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hosts: tuple[HostSlot, ...]
+    conflicts: tuple[Conflict, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.hosts)
+
+    def host_of(self, rank: int) -> HostSlot:
+        """The host of ``rank``; KeyError if the rank is not in the layout."""
+        for host in self.hosts:
+            if rank in host.ranks:
+                return host
+        raise KeyError(rank)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def local_identity(environ: Mapping[str, str] | None = None) -> HostIdentity:
+    """This process's host identity (a few reads from /proc; no network)."""
+    env = os.environ if environ is None else environ
+    try:
+        st = os.stat("/dev/shm")
+        shm: str | None = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    except OSError:
+        shm = None
+    try:
+        netns: int | None = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = None
+    node = next((env[name] for name in NODE_NAME_VARIABLES if env.get(name)), None)
+    return HostIdentity(
+        hostname=socket.gethostname(), boot_id=_read(BOOT_ID), shm_device=shm, netns=netns, launcher_node=node
+    )
+
+
+def _labels(identities: Sequence[HostIdentity]) -> list[str]:
+    """Hostnames, suffixed ``#2``, ``#3``... where two distinct hosts share one (containers, fake nodes)."""
+    seen: dict[str, int] = {}
+    labels = []
+    for identity in identities:
+        name = identity.launcher_node or identity.hostname
+        seen[name] = seen.get(name, 0) + 1
+        labels.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return labels
+
+
+def _hosts(claims: Sequence[RankClaim]) -> tuple[HostSlot, ...]:
+    by_identity: dict[HostIdentity, list[int]] = {}
+    for claim in sorted(claims, key=lambda c: c.rank):
+        by_identity.setdefault(claim.identity, []).append(claim.rank)
+    ordered = sorted(by_identity.items(), key=lambda item: item[1][0])  # torchrun: by lowest global rank
+    labels = _labels([identity for identity, _ in ordered])
+    return tuple(
+        HostSlot(label=label, identity=identity, node_rank=index, ranks=tuple(ranks))
+        for index, (label, (identity, ranks)) in enumerate(zip(labels, ordered, strict=True))
+    )
+
+
+def _node_rank_conflicts(hosts: Sequence[HostSlot], by_rank: Mapping[int, RankClaim]) -> list[Conflict]:
+    found = []
+    owners: dict[int, list[HostSlot]] = {}
+    for host in hosts:
+        claimed = sorted({r for r in (by_rank[rank].node_rank for rank in host.ranks) if r is not None})
+        if len(claimed) > 1:
+            found.append(
+                Conflict(
+                    kind="node_rank_split",
+                    message=f"host {host.label} (ranks {list(host.ranks)}) claims node ranks {claimed}",
+                    ranks=host.ranks,
+                    hosts=(host.label,),
+                )
+            )
+        for node_rank in claimed:
+            owners.setdefault(node_rank, []).append(host)
+    for node_rank, sharing in sorted(owners.items()):
+        if len(sharing) > 1:
+            names = tuple(h.label for h in sharing)
+            ranks = tuple(sorted(r for h in sharing for r in h.ranks if by_rank[r].node_rank == node_rank))
+            found.append(
+                Conflict(
+                    kind="node_rank_shared",
+                    message=f"{len(sharing)} hosts claim node rank {node_rank}: {', '.join(names)}",
+                    ranks=ranks,
+                    hosts=names,
+                )
+            )
+    return found
+
+
+def _local_conflicts(host: HostSlot, by_rank: Mapping[int, RankClaim]) -> list[Conflict]:
+    found = []
+    claimed = [by_rank[rank].local_rank for rank in host.ranks]
+    if None not in claimed and sorted(claimed) != list(range(len(host.ranks))):  # type: ignore[type-var]
+        found.append(
+            Conflict(
+                kind="local_ranks",
+                message=f"host {host.label} runs {len(host.ranks)} ranks {list(host.ranks)} with local ranks "
+                f"{claimed}, expected each of 0..{len(host.ranks) - 1} once",
+                ranks=host.ranks,
+                hosts=(host.label,),
+            )
+        )
+    wrong = [r for r in host.ranks if by_rank[r].local_world_size not in (None, len(host.ranks))]
+    if wrong:
+        sizes = sorted({by_rank[r].local_world_size for r in wrong})  # type: ignore[type-var]
+        found.append(
+            Conflict(
+                kind="local_world_size",
+                message=f"host {host.label} runs {len(host.ranks)} ranks but ranks {wrong} claim "
+                f"local_world_size {sizes}",
+                ranks=tuple(wrong),
+                hosts=(host.label,),
+            )
+        )
+    return found
+
+
+def _num_nodes_conflict(hosts: Sequence[HostSlot], claims: Sequence[RankClaim]) -> list[Conflict]:
+    wrong = sorted(c.rank for c in claims if c.num_nodes not in (None, len(hosts)))
+    if not wrong:
+        return []
+    values = sorted({c.num_nodes for c in claims if c.num_nodes is not None})
+    return [
+        Conflict(
+            kind="num_nodes",
+            message=f"ranks run on {len(hosts)} hosts but ranks {wrong} claim num_nodes {values}",
+            ranks=tuple(wrong),
+            hosts=(),
+        )
+    ]
+
+
+def _shared_kernel_notes(hosts: Sequence[HostSlot]) -> list[str]:
+    kernels: dict[str, list[str]] = {}
+    for host in hosts:
+        if host.identity.boot_id is not None:
+            kernels.setdefault(host.identity.boot_id, []).append(host.label)
+    return [
+        f"hosts {', '.join(labels)} share one kernel (boot_id {boot_id[:8]}...): containers or fake nodes"
+        for boot_id, labels in kernels.items()
+        if len(labels) > 1
+    ]
+
+
+def group_ranks(claims: Sequence[RankClaim]) -> NodeLayout:
+    """Group ``claims`` by host identity and compare the derived layout with what the ranks claim.
+
+    Hosts are ordered by their lowest global rank (torchrun's node rank); a host's ranks in ascending order
+    give the local ranks. A rank claimed twice is reported and only its first claim is used.
+    """
+    by_rank: dict[int, RankClaim] = {}
+    conflicts: list[Conflict] = []
+    for claim in claims:
+        if claim.rank in by_rank:
+            names = (by_rank[claim.rank].identity.hostname, claim.identity.hostname)
+            conflicts.append(
+                Conflict(
+                    kind="duplicate_rank",
+                    message=f"rank {claim.rank} is claimed twice (hosts {', '.join(names)})",
+                    ranks=(claim.rank,),
+                    hosts=names,
+                )
+            )
+        else:
+            by_rank[claim.rank] = claim
+    unique = list(by_rank.values())
+    hosts = _hosts(unique)
+    conflicts.extend(_node_rank_conflicts(hosts, by_rank))
+    for host in hosts:
+        conflicts.extend(_local_conflicts(host, by_rank))
+    conflicts.extend(_num_nodes_conflict(hosts, unique))
+    return NodeLayout(hosts=hosts, conflicts=tuple(conflicts), notes=tuple(_shared_kernel_notes(hosts)))

@@ -1,0 +1,120 @@
+"""World verdicts built from what every rank sent: local checks merged, host-pair probes summed up."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from distinit.doctor._model import LOCAL_IDS, Check, worst
+from distinit.doctor._reach import FULL_MESH_HOSTS, SAMPLED_PEERS
+
+#: Ranks quoted by name in one merged summary.
+QUOTED = 4
+
+
+def _merge_one(check_id: str, checks: Mapping[int, Check], host_of: Mapping[int, str]) -> Check:
+    status = worst([c.status for c in checks.values()])
+    first = checks[min(checks)]
+    if status in ("pass", "skip"):
+        same = "all ranks" if len({c.summary for c in checks.values()}) == 1 else f"rank {min(checks)}"
+        return Check(id=check_id, status=status, summary=f"{same}: {first.summary}", evidence=first.evidence)
+    bad = {r: c for r, c in sorted(checks.items()) if c.status == status}
+    quoted = "; ".join(f"rank {r} ({host_of.get(r, '?')}): {c.summary}" for r, c in list(bad.items())[:QUOTED])
+    more = f"; and {len(bad) - QUOTED} more rank(s)" if len(bad) > QUOTED else ""
+    return Check(
+        id=check_id,
+        status=status,
+        summary=quoted + more,
+        fix=next(iter(bad.values())).fix,
+        ranks=tuple(bad),
+        hosts=tuple(dict.fromkeys(host_of.get(r, "?") for r in bad)),
+        evidence={"by_rank": {str(r): c.evidence for r, c in list(bad.items())[:16]}},
+    )
+
+
+def merge_local(per_rank: Mapping[int, Sequence[Mapping[str, Any]]], *, host_of: Mapping[int, str]) -> list[Check]:
+    """One verdict per local check id over every rank's: the worst status, naming the ranks that have it."""
+    by_id: dict[str, dict[int, Check]] = {}
+    for rank, dumps in per_rank.items():
+        for dump in dumps:
+            check = Check.model_validate(dump)
+            by_id.setdefault(check.id, {})[rank] = check
+    merged = [_merge_one(i, by_id[i], host_of) for i in LOCAL_IDS if i in by_id]
+    sharing = shared_devices(per_rank, host_of=host_of)
+    return [sharing if sharing is not None and c.id == "gpu" and c.status != "fail" else c for c in merged]
+
+
+def shared_devices(per_rank: Mapping[int, Sequence[Mapping[str, Any]]], *, host_of: Mapping[int, str]) -> Check | None:
+    """A ``gpu`` failure when two ranks of one host drive the same device (same UUID), else None."""
+    owners: dict[tuple[str, str], list[int]] = {}
+    for rank, dumps in sorted(per_rank.items()):
+        for dump in dumps:
+            uuid = dump.get("evidence", {}).get("uuid") if dump.get("id") == "gpu" else None
+            if uuid:
+                owners.setdefault((host_of.get(rank, "?"), str(uuid)), []).append(rank)
+    shared = {key: ranks for key, ranks in owners.items() if len(ranks) > 1}
+    if not shared:
+        return None
+    named = "; ".join(f"ranks {ranks} on {host} share device {uuid}" for (host, uuid), ranks in shared.items())
+    return Check(
+        id="gpu",
+        status="fail",
+        summary=named,
+        fix="give each local rank its own device: torch.cuda.set_device(local_rank), one CUDA_VISIBLE_DEVICES "
+        "entry per task (srun --gpus-per-task=1), or fewer ranks per host",
+        ranks=tuple(sorted(r for ranks in shared.values() for r in ranks)),
+        hosts=tuple(dict.fromkeys(host for host, _ in shared)),
+        evidence={"shared": [{"host": h, "uuid": u, "ranks": r} for (h, u), r in shared.items()]},
+    )
+
+
+def reach_check(led: Mapping[str, Mapping[str, Any]], *, ranks_of: Mapping[str, tuple[int, ...]]) -> Check:
+    """``reach`` over every host's probe results (host label -> its leader's results)."""
+    tested = sum(int(res.get("reach_tested", 0)) for res in led.values())
+    plan = "all pairs" if len(led) <= FULL_MESH_HOSTS else f"ring + {SAMPLED_PEERS} random peers per host"
+    if len(led) < 2:
+        return Check(id="reach", status="skip", summary="a single host: no host pair to test")
+    failures = [(src, dst, why) for src, res in sorted(led.items()) for dst, why in res.get("reach_failures", [])]
+    evidence = {"hosts": len(led), "pairs_tested": tested, "plan": plan, "failures": [list(f) for f in failures]}
+    if not failures:
+        return Check(id="reach", status="pass", summary=f"{tested} host pairs connect ({plan})", evidence=evidence)
+    named = "; ".join(f"{src} -> {dst}: {why}" for src, dst, why in failures[:8])
+    more = f"; and {len(failures) - 8} more" if len(failures) > 8 else ""
+    hosts = tuple(dict.fromkeys(h for src, dst, _ in failures for h in (src, dst)))
+    return Check(
+        id="reach",
+        status="fail",
+        summary=f"{len(failures)} of {tested} host pairs cannot connect: {named}{more}",
+        fix="allow TCP between these hosts on the ports gloo/NCCL pick (the ephemeral range) on the interface of "
+        "GLOO_SOCKET_IFNAME; `nc -zv <host> <port>` from the first host reproduces it",
+        ranks=tuple(sorted(r for h in hosts for r in ranks_of.get(h, ()))),
+        hosts=hosts,
+        evidence=evidence,
+    )
+
+
+def bandwidth_check(led: Mapping[str, Mapping[str, Any]], *, ranks_of: Mapping[str, tuple[int, ...]]) -> Check:
+    """``bandwidth``: GB/s of each ring link; a link under half the median, or failing, is named."""
+    links = {src: res["bandwidth"] for src, res in sorted(led.items()) if "bandwidth" in res}
+    if not links:
+        return Check(id="bandwidth", status="skip", summary="a single host: no link to measure")
+    rates = sorted(float(v[1]) for v in links.values() if not isinstance(v[1], str))
+    median = rates[len(rates) // 2] if rates else 0.0
+    table = {f"{src} -> {dst}": rate for src, (dst, rate) in links.items()}
+    bad = {k: v for k, v in table.items() if isinstance(v, str) or v < median / 2}
+    evidence = {"gb_per_s": table, "median_gb_per_s": median}
+    if not bad:
+        return Check(
+            id="bandwidth", status="pass", summary=f"{len(table)} links, median {median:.2f} GB/s", evidence=evidence
+        )
+    shown = "; ".join(f"{k}: {v if isinstance(v, str) else f'{v:.2f} GB/s'}" for k, v in bad.items())
+    hosts = tuple(dict.fromkeys(h for k in bad for h in k.split(" -> ")))
+    return Check(
+        id="bandwidth",
+        status="warn",
+        summary=f"slow or failing links (median {median:.2f} GB/s): {shown}",
+        fix="check these links' NIC speed, duplex and MTU (`ethtool`, `ip link`), and competing traffic",
+        ranks=tuple(sorted(r for h in hosts for r in ranks_of.get(h, ()))),
+        hosts=hosts,
+        evidence=evidence,
+    )

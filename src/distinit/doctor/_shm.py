@@ -1,0 +1,99 @@
+"""The ``shm`` check: /dev/shm size and free space, and segments left behind by processes that are gone."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from distinit.doctor._model import Check
+
+SHM = "/dev/shm"
+#: NCCL's smallest shared-memory segment (``posix_fallocate`` of 9,637,888 bytes, NCCL#290): per local rank.
+NCCL_SEGMENT_BYTES = 9_637_888
+#: ``ds_report``'s threshold: below it, large NCCL/DataLoader jobs run out.
+WARN_BYTES = 512 * 1024 * 1024
+_PREFIXES = ("nccl-", "torch_", "distinit-watchdog-")
+_TORCH_PID = re.compile(r"^torch_(\d+)_")
+_MiB = 1024 * 1024
+
+
+def _in_use(shm: str) -> set[str]:
+    """Paths under ``shm`` mapped or open by any process we can see (read only when there are candidates)."""
+    used: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as fh:
+                used.update(line.split(None, 5)[5].strip() for line in fh if shm in line and line.count(" ") >= 5)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(shm):
+                    used.add(target)
+        except OSError:  # the process exited, or is not ours to read
+            continue
+    return {path.removesuffix(" (deleted)") for path in used}
+
+
+def stale_files(shm: str = SHM) -> list[str]:
+    """nccl-*, torch_* and distinit watchdog entries under ``shm`` whose owning process is gone."""
+    try:
+        candidates = sorted(n for n in os.listdir(shm) if n.startswith(_PREFIXES))
+    except OSError:
+        return []
+    if not candidates:
+        return []
+    used = _in_use(shm)
+    stale = []
+    for name in candidates:
+        path = os.path.join(shm, name)
+        if name.startswith("distinit-watchdog-"):
+            continue  # a directory a live daemon may re-adopt; only its sockets' owners could tell
+        match = _TORCH_PID.match(name)
+        if match and os.path.exists(f"/proc/{match.group(1)}"):  # its creator still runs
+            continue
+        if path not in used:
+            stale.append(name)
+    return stale
+
+
+def check_shm(*, local_world_size: int, shm: str = SHM) -> Check:
+    """Size and free space of ``shm`` for ``local_world_size`` ranks, and stale segments."""
+    try:
+        st = os.statvfs(shm)
+    except OSError as exc:
+        return Check(
+            id="shm",
+            status="fail",
+            summary=f"{shm} is unusable: {exc.strerror}",
+            fix="mount a tmpfs there (docker: --shm-size=1g / --ipc=host), or export NCCL_SHM_DISABLE=1",
+        )
+    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    need = NCCL_SEGMENT_BYTES * local_world_size
+    stale = stale_files(shm)
+    evidence = {"path": shm, "size_bytes": size, "free_bytes": free, "need_bytes": need, "stale": stale[:50]}
+    text = f"{shm}: {size / _MiB:.0f} MiB, {free / _MiB:.0f} MiB free for {local_world_size} local ranks"
+    if free < need:
+        return Check(
+            id="shm",
+            status="fail",
+            summary=f"{text}; NCCL needs {need / _MiB:.1f} MiB ({NCCL_SEGMENT_BYTES} bytes per local rank)",
+            fix="enlarge it (docker: --shm-size=1g or --ipc=host; `mount -o remount,size=1G /dev/shm`), "
+            "remove stale segments, or export NCCL_SHM_DISABLE=1",
+            evidence=evidence,
+        )
+    if stale:
+        return Check(
+            id="shm",
+            status="warn",
+            summary=f"{text}; {len(stale)} stale segment(s) of processes that are gone: {', '.join(stale[:5])}",
+            fix=f"remove them: rm {' '.join(os.path.join(shm, n) for n in stale[:5])}",
+            evidence=evidence,
+        )
+    if size < WARN_BYTES:
+        return Check(
+            id="shm",
+            status="warn",
+            summary=f"{text}; below {WARN_BYTES // _MiB} MiB",
+            fix="enlarge it (docker: --shm-size=1g or --ipc=host) before large NCCL or DataLoader jobs",
+            evidence=evidence,
+        )
+    return Check(id="shm", status="pass", summary=text, evidence=evidence)

@@ -1,0 +1,140 @@
+"""The world checks: one gloo group, two JSON exchanges, and the host-to-host probes in between."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from distinit._foreign import first_line
+from distinit._identity import HostIdentity, NodeLayout, RankClaim, group_ranks
+from distinit.doctor import _clock, _reach
+from distinit.doctor._consensus import consensus
+from distinit.doctor._exchange import gather_json
+from distinit.doctor._listener import Listener
+from distinit.doctor._merge import bandwidth_check, merge_local, reach_check
+from distinit.doctor._model import Check, from_error
+from distinit.doctor._nodes import nodes
+from distinit.env import DistEnv
+from distinit.errors import DistinitError
+
+#: Bytes each host sends its ring successor under ``--bandwidth``.
+BANDWIDTH_BYTES = 64 * 1024 * 1024
+
+
+def claim_of(env: DistEnv, identity: HostIdentity) -> dict[str, Any]:
+    return RankClaim(
+        rank=env.rank,
+        identity=identity,
+        node_rank=env.node_rank,
+        local_rank=env.local_rank,
+        local_world_size=env.local_world_size,
+        num_nodes=env.num_nodes,
+    ).model_dump(mode="json")
+
+
+def _probe_hosts(
+    me: int,
+    layout: NodeLayout,
+    endpoints: Mapping[int, _reach.Endpoint],
+    *,
+    pair_timeout: float,
+    bandwidth: bool,
+    skip: frozenset[str],
+) -> dict[str, Any]:
+    """This rank's share of reach/clock/bandwidth: nothing unless it leads its host (its lowest rank)."""
+    leaders = [h.ranks[0] for h in layout.hosts]
+    if me not in leaders:
+        return {}
+    index = leaders.index(me)
+    targets = [] if "reach" in skip else _reach.reach_plan(len(leaders))[index]
+    outcome = _reach.probe_all([endpoints[leaders[j]] for j in targets], timeout=pair_timeout)
+    result: dict[str, Any] = {
+        "reach_tested": len(targets),
+        "reach_failures": [[layout.hosts[j].label, why] for j, why in zip(targets, outcome, strict=True) if why],
+        "clock": None if "clock" in skip else _clock.measure(endpoints[0], timeout=pair_timeout),
+    }
+    if bandwidth and len(leaders) > 1:
+        successor = (index + 1) % len(leaders)
+        result["bandwidth"] = [
+            layout.hosts[successor].label,
+            _reach.transfer(endpoints[leaders[successor]], size_bytes=BANDWIDTH_BYTES, timeout=max(pair_timeout, 10.0)),
+        ]
+    return result
+
+
+def world_checks(
+    env: DistEnv,
+    *,
+    payload: dict[str, Any],
+    listener: Listener,
+    budget: Callable[[], float],
+    bandwidth: bool,
+    skip: frozenset[str] = frozenset(),
+) -> list[Check]:
+    """Exchange ``payload`` (facts and local checks), probe, exchange results; every check of the world."""
+    op_timeout = max(1.0, min(10.0, budget() / 4))
+    documents = gather_json(
+        {**payload, "endpoint": [listener.address, listener.port]}, world_size=env.world_size, timeout=op_timeout
+    )
+    claims = [RankClaim.model_validate(doc["claim"]) for doc in documents]
+    layout = group_ranks(claims)
+    host_of = {r: h.label for h in layout.hosts for r in h.ranks}
+    endpoints = {doc["claim"]["rank"]: (str(doc["endpoint"][0]), int(doc["endpoint"][1])) for doc in documents}
+    pair_timeout = max(0.5, min(3.0, budget() / 4))
+    mine = _probe_hosts(env.rank, layout, endpoints, pair_timeout=pair_timeout, bandwidth=bandwidth, skip=skip)
+    results = gather_json(mine, world_size=env.world_size, timeout=max(1.0, min(10.0, budget())))
+    by_rank = {doc["claim"]["rank"]: doc for doc in documents}
+    leaders = {h.ranks[0]: h for h in layout.hosts}
+    led = {leaders[r].label: res for r, res in enumerate(results) if r in leaders}
+    checks = merge_local({r: doc["local"] for r, doc in by_rank.items()}, host_of=host_of)
+    checks.append(consensus({r: doc["facts"] for r, doc in by_rank.items()}, host_of=host_of))
+    ranks_of = {h.label: h.ranks for h in layout.hosts}
+    offsets = {h: res["clock"] for h, res in led.items()}
+    checks.append(_clock.verdict(offsets, ranks_of=ranks_of, reference=layout.hosts[0].label))
+    checks.append(nodes(layout))
+    checks.append(reach_check(led, ranks_of=ranks_of))
+    if bandwidth:
+        checks.append(bandwidth_check(led, ranks_of=ranks_of))
+    return [Check(id=c.id, status="skip", summary="skipped (--skip)") if c.id in skip else c for c in checks]
+
+
+def form_world(env: DistEnv, *, deadline: float, pg_timeout: float) -> tuple[bool, Check]:
+    """Join the gloo group through ``init_with_retry``; (we created it, the ``world`` verdict)."""
+    import torch.distributed as dist
+
+    from distinit.init import init_with_retry
+
+    created = not dist.is_initialized()
+    started = time.monotonic()
+    try:
+        init_with_retry(
+            "gloo", env=env, deadline=deadline, attempt_timeout=min(30.0, deadline), pg_timeout=pg_timeout, verify=False
+        )
+    except DistinitError as exc:
+        fix = "see the message; `distinit env --check` runs the rendezvous alone"
+        return False, from_error("world", exc, fix=fix, ranks=(env.rank,))
+    except (RuntimeError, ValueError, OSError) as exc:  # torch's own failures after the rendezvous
+        return False, Check(
+            id="world",
+            status="fail",
+            summary=f"{type(exc).__name__}: {first_line(exc)}",
+            fix="see the message; run `distinit env --check` for the rendezvous alone",
+            ranks=(env.rank,),
+        )
+    elapsed = time.monotonic() - started
+    summary = f"{env.world_size} ranks formed a gloo group in {elapsed:.2f} s"
+    return created, Check(id="world", status="pass", summary=summary, evidence={"elapsed_s": round(elapsed, 4)})
+
+
+def leave_world(created: bool) -> None:
+    """Destroy the group if this doctor created it (a training script's own group is left alone)."""
+    import torch.distributed as dist
+
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def skipped(ids: Sequence[str], why: str) -> list[Check]:
+    """A ``skip`` verdict for each of ``ids``."""
+    return [Check(id=i, status="skip", summary=why) for i in ids]

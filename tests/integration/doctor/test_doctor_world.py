@@ -1,0 +1,77 @@
+"""The doctor on real worlds of processes: torchrun, plain env://, and the disagreements it must name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from doctor_launch import DOCTOR, Ranks, check, clean_environ, in_uts, rank_environ
+
+from distinit.doctor._model import LOCAL_IDS
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_world_of_four_passes(tmp_path: Path) -> None:
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node=4", "--no-python", *DOCTOR, "--json", "--timeout", "60"]
+    done = subprocess.run(cmd, env=clean_environ(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    documents = sorted(
+        (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda d: d["rank"]
+    )
+    assert [d["rank"] for d in documents] == [0, 1, 2, 3]
+    world = documents[0]
+    assert world["ok"] and world["world_size"] == 4
+    ids = [c["id"] for c in world["checks"]]
+    assert ids == [*LOCAL_IDS, "world", "consensus", "clock", "nodes", "reach"]
+    assert check(world, "nodes")["status"] == "pass" and check(world, "consensus")["status"] == "pass"
+    assert all(d["ok"] and d["checks"] == [] for d in documents[1:])  # others: only what names them
+
+
+@pytest.mark.timeout(90)
+def test_one_rank_with_another_nccl_setting_is_named_by_consensus(ranks: Ranks, port: int) -> None:
+    ranks.start(rank_environ(0, 2, port))
+    ranks.start(rank_environ(1, 2, port, NCCL_IB_DISABLE="1"))
+    (status0, world), (status1, other) = ranks.results(60)
+    found = check(world, "consensus")
+    assert found["status"] == "fail" and found["ranks"] == [1]
+    assert "NCCL_IB_DISABLE: rank 1" in found["summary"] and "'1' vs '<unset>'" in found["summary"]
+    assert status0 == status1 == 1
+    assert [c["id"] for c in other["checks"]] == ["consensus"]  # rank 1 hears about its own fault
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs libfaketime (`apt-get install faketime`)")
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_a_host_sixty_seconds_ahead_is_named_by_clock(ranks: Ranks, port: int) -> None:
+    if subprocess.run([*in_uts("probe"), "true"], capture_output=True, timeout=10).returncode != 0:
+        pytest.skip("cannot create a UTS namespace here (needs root or user namespaces)")
+    ranks.start(rank_environ(0, 2, port, GLOO_SOCKET_IFNAME="lo"))
+    ranks.start(
+        # A host whose wall clock is off still has a sound monotonic clock; libfaketime would otherwise shift
+        # CLOCK_MONOTONIC too, and every absolute timed wait (sleep, Event.wait) would last 60 s longer.
+        rank_environ(
+            1, 2, port, GLOO_SOCKET_IFNAME="lo", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", DONT_FAKE_MONOTONIC="1"
+        ),
+        prefix=[*in_uts("skewed"), "faketime", "-f", "+60s"],
+    )
+    (_, world), _ = ranks.results(60)
+    found = check(world, "clock")
+    assert found["status"] == "fail" and found["hosts"] == ["skewed"] and found["ranks"] == [1]
+    assert "skewed +60." in found["summary"] or "skewed +59." in found["summary"]
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_never_arrives_is_named_within_the_timeout(ranks: Ranks, port: int) -> None:
+    ranks.start(rank_environ(0, 2, port), args=["--json", "--timeout", "12"])
+    ((status, report),) = ranks.results(40)
+    found = check(report, "world")
+    assert found["status"] == "fail" and "missing ranks [1] of world size 2" in found["summary"], found
+    assert report["elapsed_s"] < 12 + 3
+    assert {c["id"]: c["status"] for c in report["checks"]}["consensus"] == "skip"
+    assert status == 1

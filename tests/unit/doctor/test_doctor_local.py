@@ -1,0 +1,140 @@
+"""Local checks against the real machine: interfaces, /dev/shm-like directories, limits, bounds, listeners."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distinit.doctor import run
+from distinit.doctor._bound import bounded
+from distinit.doctor._clock import measure
+from distinit.doctor._listener import Listener
+from distinit.doctor._local import check_limits, check_names
+from distinit.doctor._model import Check
+from distinit.doctor._reach import classify, probe, probe_all, transfer
+from distinit.doctor._route import check_route
+from distinit.doctor._shm import check_shm, stale_files
+from distinit.env import DistEnv
+
+WORLD = DistEnv(rank=0, local_rank=0, world_size=2, master_addr="127.0.0.1", master_port=29500, launcher="env")
+
+
+def test_route_through_loopback_passes() -> None:
+    check = check_route(WORLD, {})
+    assert check.status == "pass" and check.evidence["interface"] == "lo"
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("nosuch0", "no interface 'nosuch0' on this host"),
+        ("^lo", "'^' is NCCL syntax"),
+        ("=lo", "'=' is NCCL syntax"),
+    ],
+)
+def test_gloo_interface_problems_are_named_with_the_fix(value: str, said: str) -> None:
+    check = check_route(WORLD, {"GLOO_SOCKET_IFNAME": value})
+    assert check.status == "fail" and said in check.summary and f"GLOO_SOCKET_IFNAME={value!r}" in check.summary
+    assert check.fix and "export GLOO_SOCKET_IFNAME=lo" in check.fix
+
+
+def test_nccl_and_tensorpipe_interfaces() -> None:
+    assert check_route(WORLD, {"NCCL_SOCKET_IFNAME": "^lo,docker"}).status in ("pass", "fail")
+    check = check_route(WORLD, {"NCCL_SOCKET_IFNAME": "zzz"})
+    assert check.status == "fail" and "NCCL_SOCKET_IFNAME='zzz' selects no interface" in check.summary
+    assert "TP_SOCKET_IFNAME='^lo'" in check_route(WORLD, {"TP_SOCKET_IFNAME": "^lo"}).summary
+
+
+def test_route_without_master_is_skipped_and_unresolvable_fails() -> None:
+    alone = DistEnv(rank=0, local_rank=0, world_size=1, launcher="none")
+    assert check_route(alone, {}).status == "skip"
+    unknown = DistEnv.model_validate({**WORLD.model_dump(), "master_addr": "no-such-host.invalid"})
+    assert check_route(unknown, {}).status == "fail"
+
+
+def test_loopback_master_in_a_multi_node_world_fails_names() -> None:
+    multi = DistEnv.model_validate({**WORLD.model_dump(), "num_nodes": 2, "node_rank": 0})
+    check = check_names(multi, socket.gethostname())
+    assert check.status == "fail" and "MASTER_ADDR '127.0.0.1' resolves to loopback" in check.summary
+    assert check_names(WORLD, socket.gethostname()).status == "pass"
+
+
+def test_shm_free_space_below_what_nccl_needs_fails(tmp_path: Path) -> None:
+    check = check_shm(local_world_size=10**9, shm=str(tmp_path))
+    assert check.status == "fail" and "NCCL needs" in check.summary and "NCCL_SHM_DISABLE=1" in (check.fix or "")
+    assert check_shm(local_world_size=1, shm=str(tmp_path / "missing")).status == "fail"
+
+
+def test_stale_segments_are_listed_and_live_ones_are_not(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=60
+    )
+    (tmp_path / "nccl-abandoned").write_bytes(b"x")
+    (tmp_path / f"torch_{dead.stdout.strip()}_1_0").write_bytes(b"x")
+    (tmp_path / f"torch_{os.getpid()}_1_0").write_bytes(b"x")
+    (tmp_path / "unrelated").write_bytes(b"x")
+    with open(tmp_path / "nccl-in-use", "wb") as held:
+        held.write(b"x")
+        held.flush()
+        stale = stale_files(str(tmp_path))
+    assert stale == ["nccl-abandoned", f"torch_{dead.stdout.strip()}_1_0"]
+    check = check_shm(local_world_size=1, shm=str(tmp_path))
+    assert check.status == "warn" and "nccl-abandoned" in check.summary
+
+
+def test_open_files_limit_against_the_world() -> None:
+    assert check_limits(1).status == "pass"
+    check = check_limits(10**7)
+    assert check.status == "fail" and "ulimit -n" in (check.fix or "")
+
+
+def _sleep_then_pass() -> Check:
+    time.sleep(30)
+    return Check(id="names", status="pass", summary="")
+
+
+def test_a_hung_check_fails_within_its_bound_naming_what_it_waited_for() -> None:
+    started = time.monotonic()
+    check = bounded(
+        "names",
+        _sleep_then_pass,
+        timeout=0.3,
+        waiting_for="the name resolver",
+    )
+    assert time.monotonic() - started < 2
+    assert check.status == "fail" and "waiting for the name resolver" in check.summary
+    crashed = bounded("shm", lambda: 1 // 0, timeout=5, waiting_for="x")  # type: ignore[arg-type,return-value]
+    assert crashed.status == "fail" and "ZeroDivisionError" in crashed.summary
+
+
+def test_listener_answers_ping_time_and_bulk_and_errors_are_classified() -> None:
+    listener = Listener("127.0.0.1")
+    try:
+        endpoint = ("127.0.0.1", listener.port)
+        assert probe(endpoint, timeout=2) is None
+        assert probe_all([endpoint, endpoint], timeout=2) == [None, None]
+        offset = measure(endpoint, timeout=2)
+        assert isinstance(offset, tuple) and abs(offset[0]) < 0.5
+        rate = transfer(endpoint, size_bytes=8 << 20, timeout=10)
+        assert isinstance(rate, float) and rate > 0
+    finally:
+        listener.close()
+    assert probe(endpoint, timeout=2) == "refused"
+    assert classify(TimeoutError()) == "timeout"
+    assert classify(OSError(errno.EHOSTUNREACH, "No route to host")) == "no route"
+    assert classify(OSError(errno.EACCES, "[pair.cc:1] Permission denied")) == "[pair.cc:1] Permission denied"
+
+
+def test_a_bad_environment_is_exit_two_and_names_why() -> None:
+    report = run(timeout=10, environ={"RANK": "0"})
+    assert report.exit_status == 2 and report.check("env").status == "fail"
+    assert report.check("consensus").status == "skip"
+    with pytest.raises(ValueError, match="unknown check id"):
+        run(skip=["nope"])
