@@ -15,6 +15,7 @@ happened (with the values), *why* it probably happened, and the *fix*::
     │   ├── WorldSizeMismatchError       never retried
     │   ├── MasterUnreachableError       DNS / no route / black hole, after its grace period
     │   ├── PortInUseError               MASTER_PORT still held after its grace period
+    │   ├── RankLostError                a rank joined, then stopped (died, interrupted, frozen); never retried
     │   └── RendezvousTimeoutError       deadline reached; lists missing ranks and what each attempt saw
     ├── BroadcastError                   broadcast/: a broadcast call failed
     │   ├── BroadcastMismatchError       ranks disagree, or a header is malformed; raised on every rank
@@ -44,6 +45,7 @@ __all__ = [
     "MasterUnreachableError",
     "NotLaunchedError",
     "PortInUseError",
+    "RankLostError",
     "RendezvousError",
     "RendezvousTimeoutError",
     "SchedulerEnvError",
@@ -67,7 +69,12 @@ class DistinitError(Exception):
         what: what happened, with the values involved.
         why: the likely cause, in one line (may be empty).
         fix: an action the user can take (may be empty).
+        cause: the foreign (torch, OS) exception behind it, when there was one: ``setup()`` and
+            ``init_with_retry()`` raise the distinit error alone, without the chained tracebacks, keep the
+            cause here and log the whole chain at DEBUG.
     """
+
+    cause: BaseException | None = None
 
     def __init__(self, what: str, *, why: str = "", fix: str = "") -> None:
         super().__init__(what)
@@ -160,6 +167,13 @@ class MasterUnreachableError(RendezvousError):
 
 class PortInUseError(RendezvousError):
     """``MASTER_PORT`` is still held by another process after the grace period."""
+
+
+class RankLostError(RendezvousError):
+    """A rank joined the rendezvous and then stopped beating (died, was interrupted or froze). Never retried.
+
+    ``ranks`` is the lost rank, ``claimants`` its ``"host pid N"``; raised on every rank that waited.
+    """
 
 
 class RendezvousTimeoutError(RendezvousError):

@@ -13,9 +13,11 @@ import torch.distributed as dist
 from torch.distributed import HashStore
 
 from distinit.env import DistEnv, env_from_scheduler
+from distinit.errors import DistinitError
 from distinit.init import _caller, _preflight
 from distinit.init._backend import choose_backend
 from distinit.init._backoff import Backoff
+from distinit.init._boundary import readable
 from distinit.init._bounds import Bounds
 from distinit.init._flight import SingleFlight
 from distinit.init._handover import OVERRUN_GRACE, check_no_leftover
@@ -75,13 +77,16 @@ def init_with_retry(
         ValueError: a duration is NaN, zero or negative.
     """
     bounds = Bounds.of(deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout)
-    world = env if env is not None else env_from_scheduler()
-    chosen = choose_backend(backend, local_rank=world.local_rank, device_id=device_id)
-    _preflight.check_world(rank=world.rank, world_size=world.world_size)
-    call = functools.partial(
-        _init, world, chosen, bounds=bounds, device_id=device_id, backoff=backoff or Backoff(), verify=verify
-    )
-    return _ONE_AT_A_TIME.run(call, rank=world.rank, patience=bounds.deadline + OVERRUN_GRACE)
+    try:
+        world = env if env is not None else env_from_scheduler()
+        chosen = choose_backend(backend, local_rank=world.local_rank, device_id=device_id)
+        _preflight.check_world(rank=world.rank, world_size=world.world_size)
+        call = functools.partial(
+            _init, world, chosen, bounds=bounds, device_id=device_id, backoff=backoff or Backoff(), verify=verify
+        )
+        return _ONE_AT_A_TIME.run(call, rank=world.rank, patience=bounds.deadline + OVERRUN_GRACE)
+    except DistinitError as exc:
+        raise readable(exc) from None
 
 
 def _init(
@@ -108,7 +113,11 @@ def _init(
             already_initialized=True,
         )
     _preflight.check_master(
-        master_addr=world.master_addr, master_port=world.master_port, world_size=world.world_size, rank=world.rank
+        master_addr=world.master_addr,
+        master_port=world.master_port,
+        world_size=world.world_size,
+        rank=world.rank,
+        launcher=world.launcher,
     )
     _preflight.check_backend(backend, rank=world.rank)
     _preflight.check_interfaces(backend, os.environ, rank=world.rank)

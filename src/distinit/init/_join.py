@@ -9,6 +9,8 @@ from clean keys (the generation is bumped through the store, first writer wins):
   :class:`~distinit.errors.DuplicateRankError` naming both claimants. A claim by a dead pid on the same
   host (a crashed, restarted rank) is taken over.
 * ``joined`` -- counter; the rank that brings it to ``world_size`` sets ``state`` to ``ok``.
+* ``order/<n>`` -- the rank that was the n-th to join; ``beat/<rank>`` -- its liveness while it waits
+  (:mod:`distinit.init._heartbeat`): a joined rank that stops beating ends the rendezvous in seconds.
 * ``state`` -- ``ok`` or a verdict (JSON), first writer wins, so every rank raises the SAME verdict.
 * ``seen`` -- counter of ranks that read a verdict, so the store host can linger just long enough.
 """
@@ -22,14 +24,16 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch.distributed as dist
 from torch.distributed import Store
 
 from distinit._duration import to_timedelta
-from distinit.errors import RendezvousError
+from distinit.errors import RankLostError, RendezvousError
 from distinit.init import _messages
 from distinit.init._attempt import AttemptFailed
+from distinit.init._heartbeat import Heartbeat, Silent
 
 logger = logging.getLogger("distinit.init")
 
@@ -102,6 +106,7 @@ class JoinProtocol:
         claimant: Claimant | None = None,
         deadline: float = 0.0,
         resumed: bool = False,
+        launched: tuple[int, str] | None = None,
     ) -> None:
         self.store = store
         self.namespace = namespace
@@ -116,6 +121,10 @@ class JoinProtocol:
         self._entered: set[int] = set()
         self._waiting_since: float | None = None
         self._next_progress: float | None = None
+        self._heartbeat: Heartbeat | None = None
+        # The launcher's own process count (see _launched), and (missing count, since when) for the hint.
+        self.launched = launched
+        self._arrivals: tuple[int, float] | None = None
 
     # keys -----------------------------------------------------------------------------------------
     def _key(self, generation: int, name: str) -> str:
@@ -153,21 +162,8 @@ class JoinProtocol:
         state = self._get_now(self._key(generation, "state"))
         if state is not None and state != "ok":
             raise self._read_verdict(generation, state)
-        mine = f"{self.world_size}|{self.rank}|{self.me.encode()}"
-        recorded = _text(self.store.compare_set(self._key(generation, "world_size"), "", mine))
-        if recorded != mine:
-            size, first_rank, who = recorded.split("|", 2)
-            if int(size) != self.world_size:
-                self._publish(
-                    generation,
-                    _messages.world_size_mismatch(
-                        master=self.master,
-                        generation=generation,
-                        first=(int(first_rank), int(size), Claimant.describe(who)),
-                        second=(self.rank, self.world_size, Claimant.describe(self.me.encode())),
-                        local_rank=self.rank,
-                    ),
-                )
+        formed = state == "ok"  # a world that formed before this process came: a conflict is another job's
+        self._agree(generation, formed=formed)
         claim_key = self._key(generation, f"claim/{self.rank}")
         me = self.me.encode()
         # A resumed namespace may hold our own claim from the interrupted call before: counted then already.
@@ -181,9 +177,11 @@ class JoinProtocol:
                 # A crashed process of this rank on this host: take its claim over; it was already counted.
                 takeover = _text(self.store.compare_set(claim_key, holder, me)) == me
             if not takeover:
-                self._publish(
+                self._refuse(
                     generation,
-                    _messages.duplicate_rank(
+                    formed=formed,
+                    holder=(self.rank, self.world_size, holder),
+                    verdict=_messages.duplicate_rank(
                         rank=self.rank,
                         master=self.master,
                         generation=generation,
@@ -193,8 +191,64 @@ class JoinProtocol:
                     ),
                 )
         self._entered.add(generation)
-        if not (takeover or counted) and self.store.add(self._key(generation, "joined"), 1) >= self.world_size:
-            self.store.compare_set(self._key(generation, "state"), "", "ok")
+        self._count(generation, counted=takeover or counted)
+
+    def _agree(self, generation: int, *, formed: bool) -> None:
+        """Record this world size, or refuse another one recorded first."""
+        mine = f"{self.world_size}|{self.rank}|{self.me.encode()}"
+        recorded = _text(self.store.compare_set(self._key(generation, "world_size"), "", mine))
+        if recorded == mine:
+            return
+        size, first_rank, who = recorded.split("|", 2)
+        if int(size) != self.world_size:
+            self._refuse(
+                generation,
+                formed=formed,
+                holder=(int(first_rank), int(size), who),
+                verdict=_messages.world_size_mismatch(
+                    master=self.master,
+                    generation=generation,
+                    first=(int(first_rank), int(size), Claimant.describe(who)),
+                    second=(self.rank, self.world_size, Claimant.describe(self.me.encode())),
+                    local_rank=self.rank,
+                ),
+            )
+
+    def _count(self, generation: int, *, counted: bool) -> None:
+        """Beat, count this rank (unless ``counted`` already) and keep beating until the world is complete."""
+        self.stop_beating()  # a beat of an earlier generation
+        heartbeat = Heartbeat(
+            self.store,
+            prefix=self._key(generation, ""),
+            rank=self.rank,
+            lost=lambda silent: self._publish_lost(generation, silent),
+        )
+        heartbeat.beat()  # before counting: whoever learns of this rank finds its beat
+        if not counted:
+            position = self.store.add(self._key(generation, "joined"), 1)
+            self.store.set(self._key(generation, f"order/{position}"), str(self.rank))
+            if position >= self.world_size:
+                self.store.compare_set(self._key(generation, "state"), "", "ok")
+                return  # the last rank to join has nobody left to wait for
+        self._heartbeat = heartbeat
+        heartbeat.start()
+
+    @property
+    def host_claimant(self) -> str | None:
+        """``host pid N`` of rank 0 once this rank's heartbeat watches it (names it if the store host dies)."""
+        claim = self._heartbeat.host_claim if self._heartbeat is not None else None
+        return Claimant.describe(claim) if claim else None
+
+    @property
+    def beating(self) -> bool:
+        """Whether this rank joined a generation that is not complete yet (and still counts on it)."""
+        return self._heartbeat is not None
+
+    def stop_beating(self) -> None:
+        """Stop this rank's heartbeat (the join completed, ended in a verdict, or was given up)."""
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is not None:
+            heartbeat.stop()
 
     def wait(self, generation: int, timeout: float, *, sleep: Callable[[float], None] = time.sleep) -> None:
         """Wait up to ``timeout`` seconds until every rank joined ``generation`` (see :func:`wait_for_key`).
@@ -224,6 +278,7 @@ class JoinProtocol:
                 )
         else:
             state = _text(self.store.get(key))
+        self.stop_beating()
         if state != "ok":
             raise self._read_verdict(generation, state)
 
@@ -243,7 +298,14 @@ class JoinProtocol:
             pid = rest.partition("|")[0]
             if host == self.me.host and pid.isdigit() and not _pid_alive(int(pid)):
                 out.append(r)
+        if self._arrivals is None or self._arrivals[0] != len(out):
+            self._arrivals = (len(out), time.monotonic())
         return out
+
+    def hint(self, missing: tuple[int, ...] | list[int]) -> str | None:
+        """Why ``missing`` may never come: an oversized WORLD_SIZE (see :func:`_messages.oversized`)."""
+        quiet = time.monotonic() - self._arrivals[1] if self._arrivals is not None else 0.0
+        return _messages.oversized(world_size=self.world_size, missing=missing, launched=self.launched, quiet_for=quiet)
 
     # internals ------------------------------------------------------------------------------------
     def _progress(self, generation: int) -> None:
@@ -253,7 +315,22 @@ class JoinProtocol:
         self._next_progress = now + PROGRESS_EVERY
         _log_waiting(self, generation, missing=self.missing(generation), waited=now - self._waiting_since)
 
-    def _publish(self, generation: int, verdict: RendezvousError) -> None:
+    def _refuse(
+        self, generation: int, *, formed: bool, holder: tuple[int, int, str], verdict: RendezvousError
+    ) -> NoReturn:
+        """Refuse a conflicting claim ``holder`` (rank, world size, claim).
+
+        Another job's if its world had formed before this process came (raised here only: that job is
+        healthy); else ``verdict``, published for every rank.
+        """
+        if formed:
+            rank, size, claim = holder
+            raise _messages.another_job(
+                master=self.master, holder=Claimant.describe(claim), holder_rank=rank, world_size=size, rank=self.rank
+            )
+        self._publish(generation, verdict)
+
+    def _publish(self, generation: int, verdict: RendezvousError) -> NoReturn:
         text = _messages.verdict_to_json(verdict)
         state = _text(self.store.compare_set(self._key(generation, "state"), "", text))
         if state in (text, "ok"):
@@ -262,14 +339,32 @@ class JoinProtocol:
             raise verdict
         raise self._read_verdict(generation, state)
 
+    def _publish_lost(self, generation: int, silent: Silent) -> None:
+        """The heartbeat thread saw ``silent.rank`` stop: publish the verdict (first writer wins)."""
+        who = self._get_now(self._key(generation, f"claim/{silent.rank}"))
+        verdict = _messages.rank_lost(
+            rank=silent.rank,
+            claimant=Claimant.describe(who) if who else "an unknown process",
+            silent_for=silent.silent_for,
+            last_seen=silent.last_seen(),
+            master=self.master,
+            generation=generation,
+            local_rank=self.rank,
+        )
+        logger.debug("rank %d: %s", self.rank, verdict.what)
+        self.store.compare_set(self._key(generation, "state"), "", _messages.verdict_to_json(verdict))
+
     def _read_verdict(self, generation: int, state: str) -> RendezvousError:
+        self.stop_beating()
         # If the host is gone already, the verdict text is what matters.
         with contextlib.suppress(dist.DistError):
             self.store.add(self._key(generation, "seen"), 1)
-        self._linger(generation)
-        return _messages.verdict_from_json(state, rank=self.rank)
+        verdict = _messages.verdict_from_json(state, rank=self.rank)
+        # A lost rank never reads the verdict: do not wait for it.
+        self._linger(generation, absent=len(verdict.ranks) if isinstance(verdict, RankLostError) else 0)
+        return verdict
 
-    def _linger(self, generation: int) -> None:
+    def _linger(self, generation: int, *, absent: int = 0) -> None:
         """On the store host: stay up until every joined rank read the verdict, at most :data:`LINGER` s."""
         if not self.hosting:
             return
@@ -280,15 +375,17 @@ class JoinProtocol:
                 joined = self.store.add(self._key(generation, "joined"), 0)
             except dist.DistError:
                 return
-            if seen >= joined:
+            if seen >= joined - absent:
                 return
             time.sleep(0.05)
 
 
 def _log_waiting(join: JoinProtocol, generation: int, *, missing: list[int], waited: float) -> None:
-    """The rate-limited progress record while ranks are missing."""
-    logger.info(
-        "rank %d: waiting for ranks %s to join rendezvous %s (generation %d): %d/%d joined, %.0f s of %.0f s",
+    """The rate-limited progress record while ranks are missing (a warning when they may never come)."""
+    hint = join.hint(missing)
+    logger.log(
+        logging.INFO if hint is None else logging.WARNING,
+        "rank %d: waiting for ranks %s to join rendezvous %s (generation %d): %d/%d joined, %.0f s of %.0f s%s",
         join.rank,
         _messages._ranks(missing),
         join.master,
@@ -297,6 +394,7 @@ def _log_waiting(join: JoinProtocol, generation: int, *, missing: list[int], wai
         join.world_size,
         waited,
         join.deadline,
+        "" if hint is None else f"; {hint}",
         extra={
             "distinit": {
                 "event": "init.waiting",

@@ -13,8 +13,10 @@ from typing import Any
 
 from distinit.errors import (
     DuplicateRankError,
+    MalformedEnvError,
     MasterUnreachableError,
     PortInUseError,
+    RankLostError,
     RendezvousError,
     RendezvousTimeoutError,
     WorldSizeMismatchError,
@@ -22,7 +24,7 @@ from distinit.errors import (
 
 #: Errors that may travel as a verdict on the store (whitelist for :func:`verdict_from_json`).
 _VERDICT_CLASSES: dict[str, type[RendezvousError]] = {
-    cls.__name__: cls for cls in (RendezvousError, DuplicateRankError, WorldSizeMismatchError)
+    cls.__name__: cls for cls in (RendezvousError, DuplicateRankError, WorldSizeMismatchError, RankLostError)
 }
 
 
@@ -68,6 +70,42 @@ def world_size_mismatch(
         generation=generation,
         ranks=(r1, r2),
         claimants=(who1, who2),
+    )
+
+
+def rank_lost(
+    *, rank: int, claimant: str, silent_for: float, last_seen: str, master: str, generation: int, local_rank: int
+) -> RankLostError:
+    """``rank`` (``claimant``: ``"host pid N"``) joined, then its heartbeat stopped ``silent_for`` s ago."""
+    return RankLostError(
+        f"rank {rank} ({claimant}) joined rendezvous {master} (generation {generation}) and then stopped: no "
+        f"heartbeat for {silent_for:.1f} s (last seen {last_seen}). Not retried: the world cannot form without it.",
+        rank=local_rank,
+        why=f"the process of rank {rank} died after joining (killed, an exception, Ctrl-C) or is frozen "
+        "(SIGSTOP, swapped out).",
+        fix=f"read the log of rank {rank} ({claimant}) for why it ended, then start the job again (let the "
+        "launcher do it: `srun --kill-on-bad-exit=1`, torchrun's --max-restarts).",
+        master=master,
+        generation=generation,
+        ranks=(rank,),
+        claimants=(claimant,),
+    )
+
+
+def another_job(*, master: str, holder: str, holder_rank: int, world_size: int, rank: int) -> PortInUseError:
+    """This rank met a world that formed before it came: another job's store on the same port."""
+    port = master.rpartition(":")[2]
+    return PortInUseError(
+        f"rank {rank}: another job is using MASTER_PORT={port} ({master}): its world of {world_size} formed before "
+        f"this process arrived, and its rank {holder_rank} is {holder}. Not retried.",
+        rank=rank,
+        why="two jobs use the same MASTER_ADDR:MASTER_PORT without a job id to tell them apart (a hard-coded "
+        "port); the other job is not at fault.",
+        fix="pick another port for this job (one MASTER_PORT per job), or give each job its own id "
+        "(SLURM_JOB_ID, TORCHELASTIC_RUN_ID).",
+        master=master,
+        ranks=(holder_rank,),
+        claimants=(holder,),
     )
 
 
@@ -126,6 +164,34 @@ def cannot_resolve(*, master: str, host: str, seconds: float, detail: str, rank:
     )
 
 
+def not_this_host(*, master: str, addr: str, resolved: Sequence[str], host: str, rank: int) -> MasterUnreachableError:
+    """Rank 0: MASTER_ADDR resolves to addresses none of which is this host (nor routes here)."""
+    return MasterUnreachableError(
+        f"rank {rank} is to host the rendezvous store at {master}, but MASTER_ADDR={addr!r} "
+        f"({', '.join(resolved[:4])}) is not an address of this host ({host}): the other ranks would look for "
+        "the store on another machine. Not retried.",
+        rank=rank,
+        why="MASTER_ADDR names another node (a copied value, the first node of another job or allocation), or "
+        "RANK 0 was given to a process on the wrong node.",
+        fix=f"set MASTER_ADDR to the host of rank 0 ({host} here) for every process, e.g. under Slurm "
+        '`export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)`, or let '
+        "distinit.env_from_scheduler() derive it.",
+        master=master,
+    )
+
+
+def hostlist_addr(*, addr: str, rank: int) -> MalformedEnvError:
+    """MASTER_ADDR holds a Slurm hostlist expression (``dnode[1-2]``) or a list of hosts."""
+    return MalformedEnvError(
+        f"rank {rank}: MASTER_ADDR={addr!r} is a list of hosts (a Slurm hostlist expression), not one host: "
+        "no rank could ever resolve it. Not retried.",
+        variables=("MASTER_ADDR",),
+        why="MASTER_ADDR was set from $SLURM_JOB_NODELIST (or SLURM_NODELIST), which names every node of the job.",
+        fix='take the first host of the list: `export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" '
+        "| head -n1)`, or let distinit.env_from_scheduler() derive it under srun.",
+    )
+
+
 def unroutable(*, master: str, seconds: float, detail: str, rank: int) -> MasterUnreachableError:
     """No route to the master for the whole grace period."""
     return MasterUnreachableError(
@@ -157,8 +223,8 @@ def port_in_use(*, master: str, port: int, seconds: float, holder: str | None, r
         f"rank {rank} cannot host the rendezvous store: MASTER_PORT={port} is already in use on this host "
         f"(Address already in use) and stayed busy for {seconds:.0f} s; {who}.",
         rank=rank,
-        why="a previous run is still exiting, another job on this node uses the same port, or a hard-coded "
-        "port (29500) collides.",
+        why=f"a previous run is still exiting, another job on this node uses the same port, or a hard-coded "
+        f"MASTER_PORT={port} collides with another job's.",
         fix="use another MASTER_PORT (one per job), or stop the holder shown above.",
         master=master,
     )
@@ -180,6 +246,59 @@ def foreign_listener(*, master: str, seconds: float, holder: str | None, rank: i
     )
 
 
+#: Seconds without a new arrival after which missing top ranks suggest an oversized WORLD_SIZE.
+QUIET = 10.0
+
+
+def oversized(
+    *, world_size: int, missing: Sequence[int], launched: tuple[int, str] | None, quiet_for: float
+) -> str | None:
+    """Why the missing ranks may never come: WORLD_SIZE larger than what was launched (None: no sign of it).
+
+    ``launched`` is the launcher's own count (``(n, "VAR=n")``); ``quiet_for`` how long no new rank arrived.
+    """
+    if not missing or len(missing) >= world_size:
+        return None
+    present = world_size - len(missing)
+    if launched is not None and launched[0] < world_size:
+        return (
+            f"WORLD_SIZE={world_size} is larger than what the launcher started ({launched[1]}): ranks "
+            f"{_ranks(missing)} were never launched"
+        )
+    top = list(missing) == list(range(present, world_size))
+    if launched is None and top and quiet_for >= QUIET:
+        return (
+            f"ranks 0..{present - 1} joined and nothing new arrived for {quiet_for:.0f} s: ranks {_ranks(missing)} "
+            f"never came, so WORLD_SIZE={world_size} may be larger than the number of processes launched"
+        )
+    return None
+
+
+#: Why the attempts failed when no rank was missing at the end, by the last attempt's failure kind.
+_TIMEOUT_WHY = {
+    "init": (
+        "every rank joined but init_process_group failed (a rank died during init, or the backend cannot "
+        "connect the hosts: a firewall, a wrong *_SOCKET_IFNAME, a loopback address advertised).",
+        "find the rank whose log shows the first failure; between hosts, set GLOO_SOCKET_IFNAME/"
+        "NCCL_SOCKET_IFNAME to the interface that reaches the other hosts.",
+    ),
+    "store": (
+        "the connection to the store kept failing: the process hosting it (rank 0, or the torchrun agent) "
+        "restarted or went away, or the network between the hosts drops connections.",
+        "check that rank 0 (the store host) stayed alive in its log, and the network between the hosts.",
+    ),
+    "other": (
+        "the attempts below failed without naming a missing rank.",
+        "check that every process uses the same MASTER_ADDR:MASTER_PORT; raise deadline= if starts are slow.",
+    ),
+    "refused": (
+        "nothing listened on MASTER_ADDR:MASTER_PORT: rank 0 never hosted the store (not started, crashed, "
+        "or running on another host than MASTER_ADDR).",
+        "check rank 0's log, and that MASTER_ADDR is the host of rank 0 and every process uses the same MASTER_PORT.",
+    ),
+}
+
+
 def rendezvous_timeout(
     *,
     rank: int,
@@ -190,11 +309,14 @@ def rendezvous_timeout(
     attempts: Sequence[str],
     generation: int | None,
     blocked: str | None = None,
+    last_kind: str | None = None,
+    hint: str | None = None,
 ) -> RendezvousTimeoutError:
     """The deadline passed without a formed group.
 
     ``blocked`` names the call that was still running at the deadline when the rendezvous thread had to
-    be abandoned (a store or network operation that never returned).
+    be abandoned (a store or network operation that never returned). ``last_kind`` is the failure kind of
+    the last attempt (it words the cause when no rank was missing); ``hint`` an :func:`oversized` finding.
     """
     if blocked is not None:
         head = f"{blocked}: a store or network call never returned"
@@ -206,6 +328,13 @@ def rendezvous_timeout(
             f"check that the process serving {master} is alive and responsive and that the network between "
             "the hosts is healthy; then start the job again (this process may hold a half-open connection)."
         )
+    elif missing and hint is not None:
+        head = f"missing ranks {_ranks(missing)} of world size {world_size}"
+        why = f"{hint}."
+        fix = (
+            "set WORLD_SIZE to the number of processes launched (or let distinit.env_from_scheduler() derive it "
+            "from the launcher), or launch the missing ranks."
+        )
     elif missing:
         head = f"missing ranks {_ranks(missing)} of world size {world_size}"
         why = "those processes never started, crashed, or use another MASTER_ADDR/MASTER_PORT or job id."
@@ -215,8 +344,7 @@ def rendezvous_timeout(
         )
     else:
         head = f"no world of size {world_size} formed"
-        why = "see what each attempt saw below."
-        fix = "check that every process uses the same MASTER_ADDR:MASTER_PORT; raise deadline= if starts are slow."
+        why, fix = _TIMEOUT_WHY.get(last_kind or "", _TIMEOUT_WHY["other"])
     seen = "; ".join(attempts[-6:])
     return RendezvousTimeoutError(
         f"rank {rank}: rendezvous at {master} did not complete within the {deadline:.0f} s deadline "

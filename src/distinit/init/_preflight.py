@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping
 
 import torch.distributed as dist
 
+from distinit.env._model import master_addr_fix
 from distinit.env._port import check_port
 from distinit.errors import IncompleteEnvError
 from distinit.init import _messages
+
+#: A Slurm hostlist (``dnode[1-2]``, ``dnode[01,03]``) or a comma-separated list of hosts; an IPv6
+#: literal in brackets (``[::1]``) holds colons, never only digits, commas and dashes.
+_HOSTLIST = re.compile(r"\[[0-9][0-9,\-]*\]|,")
 
 _IFNAME_VARIABLES = {"gloo": ("GLOO_SOCKET_IFNAME",), "nccl": ("NCCL_SOCKET_IFNAME",)}
 
@@ -20,8 +26,13 @@ def check_world(*, rank: int, world_size: int) -> None:
         raise _messages.rank_out_of_range(rank=rank, world_size=world_size)
 
 
-def check_master(*, master_addr: str | None, master_port: int | None, world_size: int, rank: int) -> None:
-    """MASTER_ADDR/MASTER_PORT present (for a world of more than one) and the port in range."""
+def check_master(
+    *, master_addr: str | None, master_port: int | None, world_size: int, rank: int, launcher: str = "env"
+) -> None:
+    """MASTER_ADDR/MASTER_PORT present (for a world of more than one), the port in range, one host.
+
+    The fix for a missing variable is worded in ``launcher``'s own way (``mpirun -x MASTER_ADDR=...``).
+    """
     if world_size == 1:
         return
     missing = tuple(name for name, value in (("MASTER_ADDR", master_addr), ("MASTER_PORT", master_port)) if not value)
@@ -31,11 +42,13 @@ def check_master(*, master_addr: str | None, master_port: int | None, world_size
             f"{world_size}.",
             variables=missing,
             why="the launcher did not export them and they were not set in the job script.",
-            fix="export MASTER_ADDR (rank 0's host) and MASTER_PORT (a free port, one per job), or launch with "
-            "torchrun/srun so distinit.env_from_scheduler() derives them.",
+            fix=f"{master_addr_fix(launcher)[:-1]}; give MASTER_PORT (a free port, one per job) the same way; or "
+            "launch with torchrun/srun so distinit.env_from_scheduler() derives them.",
         )
     if master_port is not None:
         check_port(master_port, where=f" (rank {rank})")
+    if master_addr and _HOSTLIST.search(master_addr):
+        raise _messages.hostlist_addr(addr=master_addr, rank=rank)
 
 
 def check_backend(backend: str, *, rank: int) -> None:

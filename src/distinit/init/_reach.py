@@ -21,6 +21,7 @@ from distinit.init._grace import Grace
 from distinit.init._join import JoinProtocol
 from distinit.init._probe import probe
 from distinit.init._store import connect_store, host_store
+from distinit.init._whereami import check_hosting_addr
 
 logger = logging.getLogger("distinit.init")
 
@@ -47,9 +48,10 @@ def host(master: Master, *, end: float, on_busy: Callable[[float], None]) -> TCP
         AttemptFailed: ``dns`` (MASTER_ADDR does not resolve), ``port_busy``, or ``store``.
     """
     try:
-        socket.getaddrinfo(master.addr, master.port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(master.addr, master.port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise AttemptFailed("dns", f"MASTER_ADDR={master.addr!r} does not resolve ({exc})") from exc
+    check_hosting_addr(master, [(info[0], str(info[4][0])) for info in infos])
     try:
         return host_store(master.addr, master.port, timeout=max(end - time.monotonic(), 1.0))
     except AttemptFailed as busy:

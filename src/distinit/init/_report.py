@@ -54,9 +54,10 @@ class InitReport(BaseModel):
     def __str__(self) -> str:
         if self.already_initialized:
             return f"rank {self.rank}/{self.world_size}: {self.backend} process group already initialised"
+        where = f"via {self.store} store at {self.master}" if self.master else "alone (a local store, no network)"
         return (
             f"rank {self.rank}/{self.world_size}: {self.backend} process group formed in {self.elapsed:.2f} s "
-            f"after {len(self.attempts)} attempt(s) via {self.store} store at {self.master}"
+            f"after {len(self.attempts)} attempt(s) {where}"
         )
 
 

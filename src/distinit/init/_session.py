@@ -23,7 +23,7 @@ from torch.distributed import Store, TCPStore
 
 from distinit._duration import to_timedelta
 from distinit.env import DistEnv
-from distinit.errors import RendezvousError, RendezvousTimeoutError
+from distinit.errors import RankLostError, RendezvousError, RendezvousTimeoutError
 from distinit.init import _messages, _reach
 from distinit.init._attempt import AttemptFailed, quote
 from distinit.init._backoff import Backoff
@@ -32,7 +32,9 @@ from distinit.init._diagnose import SPECIFIC, Master, specific_error
 from distinit.init._form import GroupFormer
 from distinit.init._grace import Grace
 from distinit.init._handover import Abandoned, Handover
+from distinit.init._host_lost import host_gone
 from distinit.init._join import JoinProtocol, wait_for_key
+from distinit.init._launched import launched
 from distinit.init._records import AttemptLog
 from distinit.init._report import Phase
 from distinit.init._retry import retry_until
@@ -82,6 +84,7 @@ class Rendezvous:
         self.agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         self.hosting = self.rank == 0 and not self.agent
         job = env.job_id or environ.get("TORCHELASTIC_RUN_ID") or "job"
+        self.launched = launched(environ)
         number, self.resumed = Calls.take()
         self.namespace = f"distinit/{job}/{env.restart_count}/c{number}/"
         self.rng = random.Random()
@@ -93,6 +96,7 @@ class Rendezvous:
         self.log = AttemptLog(rank=self.rank, master=self.master.name, start=self.start, deadline_at=self.deadline_at)
         self.store: TCPStore | None = None
         self.join: JoinProtocol | None = None
+        self.counted: JoinProtocol | None = None
         self.generation: int | None = None
         self._phase: Phase = "store"
         self._attempt = (0, self.start)  # (number, monotonic start) of the attempt in progress
@@ -121,6 +125,9 @@ class Rendezvous:
                     verifying=self._verifying,
                 )
             except (dist.DistError, RuntimeError, OSError) as exc:
+                gone = self._host_gone()
+                if gone is not None:
+                    raise gone from exc
                 raise self._lost(exc) from exc
         except (AttemptFailed, RendezvousError) as exc:
             self.log.record(number=number, begun=begun, phase=self._phase, generation=self.generation, exc=exc)
@@ -157,6 +164,7 @@ class Rendezvous:
         else:
             store = _reach.connect(self.master, end=end, grace=self.grace, rng=self.rng, sleep=self.handover.sleep)
         self.store, self.join = store, self._protocol(store)
+        self.counted = self.join  # what the join counted stays readable after the store is dropped
 
     def _publish_duplicate_master(self, end: float) -> None:
         _reach.publish_duplicate_master(self.master.port, end=end, protocol=lambda s: self._protocol(s, hosting=False))
@@ -171,12 +179,28 @@ class Rendezvous:
             hosting=self.hosting if hosting is None else hosting,
             deadline=self.bounds.deadline,
             resumed=self.resumed,
+            launched=self.launched,
+        )
+
+    def _host_gone(self) -> RankLostError | None:
+        """This rank joined and the store failed: is its host, rank 0, gone? (see :mod:`._host_lost`)."""
+        join, generation = self.join, self.generation
+        if self.hosting or self.agent or join is None or generation is None:
+            return None
+        claimant = join.host_claimant
+        if not join.beating or claimant is None:
+            return None  # not waiting in an incomplete join with rank 0 in it: the attempts handle it
+        join.stop_beating()
+        return host_gone(
+            self.master, claimant=claimant, generation=generation, end=self.deadline_at, sleep=self.handover.sleep
         )
 
     def _lost(self, exc: BaseException) -> AttemptFailed:
         """A torch/socket error outside the phases that translate their own: the store failed."""
         if not self.hosting:
             # The connection (or the host) went away: reconnect on the next attempt.
+            if self.join is not None:
+                self.join.stop_beating()
             self.store, self.join = None, None
         return AttemptFailed("store", f"the store at {self.master.name} failed during {self._phase}: {quote(exc)}")
 
@@ -206,11 +230,12 @@ class Rendezvous:
         # The last attempt may have failed before it could count (e.g. the store host reached its own
         # deadline first and went away): name who was missing when last seen.
         missing = last.missing_ranks or self.log.last_missing() or ((0,) if last.kind == "refused" else ())
-        raise self.timeout_error(missing=missing, attempts=self.log.lines()) from last
+        raise self.timeout_error(missing=missing, attempts=self.log.lines(), last_kind=last.kind) from last
 
     def timeout_error(
-        self, *, missing: tuple[int, ...], attempts: list[str], blocked: str | None = None
+        self, *, missing: tuple[int, ...], attempts: list[str], blocked: str | None = None, last_kind: str | None = None
     ) -> RendezvousTimeoutError:
+        join = self.counted
         return _messages.rendezvous_timeout(
             rank=self.rank,
             world_size=self.world_size,
@@ -220,21 +245,27 @@ class Rendezvous:
             attempts=attempts,
             generation=self.generation,
             blocked=blocked,
+            last_kind=last_kind,
+            hint=join.hint(missing) if join is not None else None,
         )
 
     # the thread's body and what the caller may ask -------------------------------------------------
     def run_attempts(self) -> None:
         """Attempt until the group forms, a verdict, or the deadline (the body of the rendezvous thread)."""
         try:
-            retry_until(
-                self.attempt,
-                deadline_at=self.deadline_at,
-                backoff=self.backoff,
-                rng=self.rng,
-                pause=self.pause,
-                on_retry=self.on_retry,
-                give_up=self.give_up,
-            )
+            try:
+                retry_until(
+                    self.attempt,
+                    deadline_at=self.deadline_at,
+                    backoff=self.backoff,
+                    rng=self.rng,
+                    pause=self.pause,
+                    on_retry=self.on_retry,
+                    give_up=self.give_up,
+                )
+            finally:  # however it ended, this rank no longer waits in the join
+                if self.join is not None:
+                    self.join.stop_beating()
         except BaseException as exc:
             if not self.handover.abandoned:
                 raise
@@ -242,7 +273,7 @@ class Rendezvous:
             # client, or stopping the server on rank 0) so that no peer meets this call any more. The
             # frames of the traceback hold it too, in reference cycles (tenacity keeps the exception)
             # that only a full garbage collection would free: clear their locals now.
-            self.store, self.join = None, None
+            self.store, self.join, self.counted = None, None, None
             _clear_frames(exc)
 
     def position(self) -> tuple[int, str, str, float]:

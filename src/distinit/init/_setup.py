@@ -14,9 +14,11 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
 from distinit.env import DistEnv, env_from_scheduler
+from distinit.errors import DistinitError
 from distinit.init._api import init_with_retry
 from distinit.init._backend import choose_backend
 from distinit.init._backoff import Backoff
+from distinit.init._boundary import readable
 from distinit.init._bounds import Bounds
 from distinit.init._flight import SingleFlight
 from distinit.init._handover import OVERRUN_GRACE
@@ -100,7 +102,10 @@ def setup(
         verify=verify,
     )
     call = functools.partial(_setup, backend, environ=environ, strict=strict, init=init)
-    return _ONE_AT_A_TIME.run(call, rank=None, patience=bounds.deadline + OVERRUN_GRACE)
+    try:
+        return _ONE_AT_A_TIME.run(call, rank=None, patience=bounds.deadline + OVERRUN_GRACE)
+    except DistinitError as exc:
+        raise readable(exc) from None
 
 
 def _setup(

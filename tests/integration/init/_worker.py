@@ -6,6 +6,9 @@ as a dict), ``start_after`` (seconds; the late start IS the scenario), ``mode`` 
 ``after_file`` (wait for this file, a peer's "calling now" mark, before ``start_after``),
 ``hold`` (seconds to keep the group alive after success), ``call_again`` (after a failure, call
 ``init_with_retry`` once more in the same process and record the outcome as ``again``).
+Mode ``raise_in_join``: a ValueError raised in the join after 1 s of waiting (the rank joined, then failed).
+``linger`` (seconds): after a ValueError or KeyboardInterrupt (Ctrl-C), record it and keep the process
+alive that long (a caller that caught it), instead of dying.
 Modes ``interrupted`` (Ctrl-C during the wait, then a proper init; needs ``peer_started``) and
 ``threads`` (``call``: ``setup`` or ``init`` from two threads at once) are described at their functions.
 """
@@ -58,6 +61,14 @@ def main() -> None:
             os._exit(4)
 
         _join.JoinProtocol.wait = die_waiting  # type: ignore[method-assign]
+    if spec.get("mode") == "raise_in_join":
+        from distinit.init import _join
+
+        def raise_waiting(self: object, generation: int, timeout: float, **kwargs: object) -> None:
+            time.sleep(1.0)  # joined and beating meanwhile
+            raise ValueError("boom in the join")
+
+        _join.JoinProtocol.wait = raise_waiting  # type: ignore[method-assign]
     kwargs = dict(spec.get("kwargs", {}))
     if "backoff" in kwargs:
         kwargs["backoff"] = Backoff(**kwargs["backoff"])
@@ -94,6 +105,12 @@ def main() -> None:
             ranks=list(getattr(exc, "ranks", ())),
             claimants=list(getattr(exc, "claimants", ())),
         )
+    except (ValueError, KeyboardInterrupt) as exc:
+        if not spec.get("linger"):
+            raise
+        result.update(ok=False, error=type(exc).__name__, message=str(exc))
+        Path(out + ".caught").touch()
+        time.sleep(float(spec["linger"]))  # a caller that caught it and lives on
     result["elapsed"] = time.monotonic() - started
     if spec.get("call_again") and not result.get("ok"):  # a second call in the same process, at once
         try:

@@ -1,0 +1,137 @@
+"""Liveness of joined ranks: a rank that joined and then stopped ends the rendezvous in seconds.
+
+While a rank waits in the join it beats ``g<generation>/beat/<rank>`` (``seq|wall clock``) every
+:data:`BEAT` s from a daemon thread; the beat stops once the join completes or is given up. Rank 0
+watches every joined rank (it learns them from ``g<generation>/order/<n>``, written by the n-th joiner,
+so one watch costs a few round trips whatever the world size); the other ranks watch rank 0 (the store
+host under torchrun's agent store can outlive it). A beat that has not changed for :data:`STALE` s, as
+seen by the watcher's own clock (no clock skew between hosts matters), means the rank died, was
+interrupted or froze: the watcher publishes a :class:`~distinit.errors.RankLostError` verdict, so every
+rank raises the same error naming it. Ranks that never arrived are not watched: they keep the
+late-worker patience of the deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import torch.distributed as dist
+from torch.distributed import Store
+
+from distinit._duration import wait_bound
+
+logger = logging.getLogger("distinit.init")
+
+#: Seconds between beats, and how long a beat may stay unchanged before its rank counts as lost.
+BEAT = 1.0
+STALE = 5.0
+
+
+class Silent:
+    """A watched rank whose beat stopped: how long ago its beat last changed, and its wall clock then."""
+
+    def __init__(self, rank: int, *, silent_for: float, last_wall: float | None) -> None:
+        self.rank = rank
+        self.silent_for = silent_for
+        self.last_wall = last_wall
+
+    def last_seen(self) -> str:
+        """``17:12:03 UTC`` (the rank's own clock at its last beat), or ``unknown``."""
+        if self.last_wall is None:
+            return "unknown"
+        return datetime.fromtimestamp(self.last_wall, tz=timezone.utc).strftime("%H:%M:%S UTC")
+
+
+class Heartbeat:
+    """Beat this rank's key and watch the others' in one daemon thread, for one generation.
+
+    ``lost(silent)`` runs once, in the thread, when a watched rank went silent; it publishes the verdict.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        prefix: str,
+        rank: int,
+        lost: Callable[[Silent], None],
+        beat: float = BEAT,
+        stale: float = STALE,
+    ) -> None:
+        self.store, self.prefix, self.rank = store, prefix, rank
+        self._lost, self._beat_every, self._stale = lost, beat, stale
+        self._seq = 0
+        self._stop = threading.Event()
+        self._known: list[int] = []  # watched ranks, in join order (rank 0 only)
+        self._seen: dict[int, tuple[bytes, float]] = {}  # rank -> (beat value, monotonic time it changed)
+        self._thread: threading.Thread | None = None
+        #: Rank 0's claim (``host|pid|nonce``) once a non-zero rank watches it.
+        self.host_claim: str | None = None
+
+    def beat(self) -> None:
+        """Write one beat now (the first one is written before the rank counts as joined)."""
+        self._seq += 1
+        self.store.set(f"{self.prefix}beat/{self.rank}", f"{self._seq}|{time.time():.3f}")
+
+    def start(self) -> None:
+        """Start the thread (after the first :meth:`beat`)."""
+        self._thread = threading.Thread(target=self._run, name=f"distinit-heartbeat-rank{self.rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and watching; waits briefly so the thread lets go of the store."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait_bound(0.5))  # a thread stuck in a native store call is left (daemon)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self._beat_every):
+                self.beat()
+                silent = self._watch()
+                if silent is not None and not self._stop.is_set():
+                    self._lost(silent)
+                    return
+        except (dist.DistError, RuntimeError, OSError) as exc:
+            # The store went away: the main thread sees that too and handles it.
+            logger.debug("rank %d: heartbeat stopped: %s", self.rank, exc)
+        finally:
+            self.store = None  # type: ignore[assignment]  # let go of the store (rank 0: its server)
+
+    def _watch(self) -> Silent | None:
+        ranks = self._ranks()
+        if not ranks:
+            return None
+        values = self.store.multi_get([f"{self.prefix}beat/{r}" for r in ranks])
+        now = time.monotonic()
+        for rank, value in zip(ranks, values, strict=True):
+            before = self._seen.get(rank)
+            if before is None or before[0] != value:
+                self._seen[rank] = (value, now)
+            elif now - before[1] > self._stale:
+                wall = value.decode(errors="replace").partition("|")[2]
+                last_wall = float(wall) if wall.replace(".", "", 1).isdigit() else None
+                return Silent(rank, silent_for=now - before[1], last_wall=last_wall)
+        return None
+
+    def _ranks(self) -> list[int]:
+        """The ranks to watch: every joined rank (rank 0), else rank 0 once it joined."""
+        if self.rank != 0:
+            if not self._known and self.store.check([f"{self.prefix}beat/0"]):
+                claim = self.store.get(f"{self.prefix}claim/0")  # written before its first beat
+                self.host_claim = claim.decode(errors="replace") if isinstance(claim, bytes) else str(claim)
+                self._known.append(0)
+            return self._known
+        joined = self.store.add(f"{self.prefix}joined", 0)
+        while len(self._known) < joined:
+            key = f"{self.prefix}order/{len(self._known) + 1}"
+            if not self.store.check([key]):
+                break  # that joiner has not written its order entry yet
+            rank = int(self.store.get(key))
+            self._known.append(rank)
+        return [r for r in self._known if r != self.rank]

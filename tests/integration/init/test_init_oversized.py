@@ -1,0 +1,46 @@
+"""WORLD_SIZE larger than what was launched: the periodic warning and the final error say which ranks never
+came and that WORLD_SIZE may be larger than launched, naming the launcher's own count when there is one."""
+
+from __future__ import annotations
+
+import pytest
+from init_launch import Launcher
+
+KWARGS = {"deadline": 16, "attempt_timeout": 4, "backoff": {"initial": 0.5, "jitter": 0.1}}
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_count_named_in_the_warning_and_the_error(launcher: Launcher, port: int) -> None:
+    """torchrun says 2 processes (LOCAL_WORLD_SIZE=2 x 1 node) but WORLD_SIZE=4 was forced."""
+    torchrun = {"TORCHELASTIC_RUN_ID": "oversized", "GROUP_WORLD_SIZE": "1", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    ranks = [launcher.start(r, 4, port, kwargs=KWARGS, env=torchrun) for r in (0, 1)]
+    for res in (h.result(60) for h in ranks):
+        assert res["error"] == "RendezvousTimeoutError", res
+        assert res["ranks"] == [2, 3]
+        assert res["elapsed"] < 16 + 4
+        why = res["message"]
+        assert "WORLD_SIZE=4 is larger than what the launcher started (torchrun: LOCAL_WORLD_SIZE=2 x 1 node(s))" in why
+        assert "ranks [2, 3] were never launched" in why
+        assert "fix: set WORLD_SIZE to the number of processes launched" in why
+        warning = [line for line in res["log"].splitlines() if "WARNING" in line and "waiting for ranks [2, 3]" in line]
+        assert warning and "is larger than what the launcher started" in warning[0], res["log"][-3000:]
+
+
+@pytest.mark.timeout(90)
+def test_nothing_new_arrives_says_world_size_may_be_too_large(launcher: Launcher, port: int) -> None:
+    """No launcher count: ranks 0..1 joined, 2..3 never came for longer than the quiet period."""
+    ranks = [launcher.start(r, 4, port, kwargs=KWARGS) for r in (0, 1)]
+    for res in (h.result(60) for h in ranks):
+        assert res["error"] == "RendezvousTimeoutError", res
+        assert res["ranks"] == [2, 3]
+        assert "never came, so WORLD_SIZE=4 may be larger than the number of processes launched" in res["message"]
+
+
+@pytest.mark.timeout(90)
+def test_missing_middle_rank_is_not_blamed_on_world_size(launcher: Launcher, port: int) -> None:
+    """Rank 1 of 3 never came but rank 2 did: a missing process, not an oversized world."""
+    ranks = [launcher.start(r, 3, port, kwargs=KWARGS) for r in (0, 2)]
+    for res in (h.result(60) for h in ranks):
+        assert res["error"] == "RendezvousTimeoutError", res
+        assert res["ranks"] == [1]
+        assert "WORLD_SIZE" not in res["message"], res["message"]
