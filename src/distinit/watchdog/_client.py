@@ -22,7 +22,7 @@ from typing import IO
 from distinit._duration import to_seconds
 from distinit.errors import WatchdogError
 from distinit.watchdog import _directory, _dump, _proc, _slots
-from distinit.watchdog._protocol import ENV_VAR, SOCKET_NAME, decode_reply, exchange_hello
+from distinit.watchdog._protocol import ENV_VAR, SOCKET_NAME, Identity, decode_reply, exchange_hello
 from distinit.watchdog._slots import (
     H_ARMS,
     H_CLOSED,
@@ -129,9 +129,10 @@ class Heartbeat:
 class WatchdogClient:
     """A worker's connection to the watchdog server on this host.
 
-    Construction creates this process's slot table in the watchdog directory, registers faulthandler on a
-    dump signal (so the server can get a stack even while the GIL is held in C code), and registers with the
-    server over its Unix socket; the server learns who we are from the kernel (``SO_PEERCRED``), not from us.
+    Construction creates this process's slot table in the watchdog directory, registers with the server
+    over its Unix socket (sending the ranks from ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``; which process we are,
+    the server learns from the kernel, ``SO_PEERCRED``), then registers faulthandler on a dump signal so the
+    server can get a stack even while the GIL is held in C code.
 
     After that, :meth:`expires`, :meth:`arm`, :meth:`disarm` and :meth:`beat` are memory stores into the
     table: no system call, they never block and never raise. Regions nest and may be used from many threads;
@@ -197,22 +198,26 @@ class WatchdogClient:
 
     # ----------------------------------------------------------------- set-up
     def _set_up(self, *, dump_stacks: bool, dump_signal: int, timeout: float) -> str | None:
-        """Directory, table, dump handler, registration; the first problem met (None: registered)."""
+        """Directory, table, registration, dump handler; the first problem met (None: registered)."""
+        self._identity = Identity.from_env()
         problem = _directory.prepare(self.path)
         slot_path = os.path.join(self.path, _slots.slot_file_name(self._pid, self._start))
         table = None
         if problem is None:
             try:
-                table = _slots.create_table(slot_path, self._pid, self._start)
+                table = _slots.create_table(slot_path, self._pid, self._start, self._identity)
                 self._slot_path = slot_path
             except OSError as exc:
                 problem = f"cannot create the slot table {slot_path!r}: {exc}"
         # Without a file the table is anonymous memory: arming still works, nothing enforces it.
         self._use_table(table or _slots.create_table(None, self._pid, self._start))
-        if problem is None and dump_stacks:
-            self._install_dump(dump_signal)
         if problem is None:
             problem = self._register(timeout)
+        # The stack file only once a server accepted us: a client that fails open must leave no empty
+        # file behind when it is killed (nothing would clean it up). A server that adopts such a table
+        # later kills without a dump.
+        if problem is None and dump_stacks:
+            self._install_dump(dump_signal)
         return problem
 
     def _use_table(self, mm: mmap.mmap) -> None:
@@ -264,7 +269,7 @@ class WatchdogClient:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
-            reply = exchange_hello(sock, sock_path)
+            reply = exchange_hello(sock, sock_path, self._identity)
         except OSError as exc:
             sock.close()
             return f"cannot reach the watchdog server at {sock_path!r}: {exc.strerror or exc}"

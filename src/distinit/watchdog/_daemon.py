@@ -20,6 +20,8 @@ def serve(
     dump_stacks: bool = True,
     kill_group: bool = False,
     resolution: float = 0.02,
+    group_window: float = 1.0,
+    victim_hold: float = 2.0,
 ) -> int:
     """Run a :class:`WatchdogServer` in this process until SIGTERM or SIGINT; returns the exit status (0).
 
@@ -42,6 +44,8 @@ def serve(
             events=events,
             kill_group=kill_group,
             resolution=resolution,
+            group_window=group_window,
+            victim_hold=victim_hold,
         ):
             while not stop.wait(1.0):
                 pass
@@ -64,7 +68,10 @@ def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``serve`` options (--path, --grace, --events, --no-dump-stacks, --kill-group, --resolution)."""
+    """Add the ``serve`` options: --path, --grace, --events, --no-dump-stacks, --kill-group, --resolution...
+
+    ...and --group-window, --victim-hold (how workers that expire together are judged and killed).
+    """
     parser.add_argument(
         "--path",
         default=None,
@@ -92,18 +99,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.02,
         help="longest sleep between deadline checks, seconds (default 0.02)",
     )
+    parser.add_argument(
+        "--group-window",
+        type=_seconds(allow_zero=True),
+        default=1.0,
+        help="judge workers whose deadlines fall within this many seconds of one another together, culprit "
+        "first (default 1; 0: kill each expired worker alone at once)",
+    )
+    parser.add_argument(
+        "--victim-hold",
+        type=_seconds(allow_zero=True),
+        default=2.0,
+        help="seconds between killing the culprit and killing the victims still in their region (default 2)",
+    )
+
+
+# The parsed ``serve`` options passed on to :func:`serve` by name (all but ``--path``).
+_SERVE_OPTIONS = ("grace", "events", "dump_stacks", "kill_group", "resolution", "group_window", "victim_hold")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run :func:`serve` with parsed ``serve`` arguments."""
-    return serve(
-        args.path,
-        grace=args.grace,
-        events=args.events,
-        dump_stacks=args.dump_stacks,
-        kill_group=args.kill_group,
-        resolution=args.resolution,
-    )
+    return serve(args.path, **{name: getattr(args, name) for name in _SERVE_OPTIONS})
 
 
 def add_watchdog_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,40 +1,48 @@
-"""Enforcement: find each worker's earliest expired region and run the kill ladder for it in a thread."""
+"""Enforcement: find each worker's earliest expired region and run the kill ladder for it in a thread.
+
+Workers of one job that expire together are handed to :mod:`~distinit.watchdog._batch` instead, which judges
+the culprit and kills it first; a lone expiry goes straight to its ladder.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import os
 import queue
 import threading
 from collections.abc import Callable
 
-from distinit.watchdog._events import WatchdogEvent, region_event
+from distinit.watchdog._batch import run_batch
+from distinit.watchdog._events import Role, WatchdogEvent, region_event
 from distinit.watchdog._ladder import LadderConfig, LadderResult, run_ladder
-from distinit.watchdog._slots import TableReader
-from distinit.watchdog._worker import Worker
+from distinit.watchdog._worker import Worker, dump_signal, first_expired, region_info, stack_file
 
 logger = logging.getLogger("distinit.watchdog")
 
 
-def first_expired(table: TableReader, now: float) -> tuple[int | None, float]:
-    """(the slot with the earliest deadline <= ``now`` or None, the nearest deadline still ahead)."""
-    expired: tuple[int, float] | None = None
-    nearest = math.inf
-    for slot, dl in table.armed():
-        if dl <= now:
-            if expired is None or dl < expired[1]:
-                expired = (slot, dl)
-        elif dl < nearest:
-            nearest = dl
-    # Re-read the slot: a region that disarmed (and maybe re-armed) since the scan is not expired.
-    if expired is not None and table.deadline(expired[0]) != expired[1]:
-        expired = None
-    return (None if expired is None else expired[0]), nearest
+#: One member of a batch to enforce: the worker, its expired slot (None: not yet expired), its deadline.
+Due = tuple[Worker, "int | None", float]
+
+
+def gather(due: list[Due], ahead: list[Due], until: float) -> list[list[Due]]:
+    """Batches to enforce: each expired worker alone, unless others of its job expire by ``until``.
+
+    Workers of one job (the same ``world_size``) that expired, or whose nearest deadline falls by
+    ``until``, form one batch, judged together. A lone expired worker is a batch of one: killed at once.
+    """
+    jobs: dict[int | None, list[Due]] = {}
+    for member in due:
+        jobs.setdefault(member[0].identity.world_size, []).append(member)
+    batches = []
+    for world, members in jobs.items():
+        near = [m for m in ahead if m[0].identity.world_size == world and m[2] <= until]
+        batches.append(members + near)
+    return batches
 
 
 class Enforcer:
-    """Starts one ladder thread per expired worker and hands the results back to the server thread."""
+    """Starts one ladder thread per expired worker (or batch) and hands the results back to the server thread."""
 
     def __init__(
         self,
@@ -51,37 +59,53 @@ class Enforcer:
         self._emit = emit
         self._on_expire = on_expire
         self._wake = wake
-        self._done: queue.SimpleQueue[tuple[tuple[int, int], LadderResult]] = queue.SimpleQueue()
+        # (worker key, result); None: the worker was not killed (it left its region), keep watching it.
+        self._done: queue.SimpleQueue[tuple[tuple[int, int], LadderResult | None]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
 
     def check(self, workers: list[Worker], now: float, on_damaged: Callable[[Worker, Exception], None]) -> float:
-        """Start a ladder for every worker with an expired region; the nearest deadline still ahead."""
+        """Start enforcing every worker with an expired region; the nearest deadline still ahead."""
         nearest = math.inf
+        due: list[Due] = []
+        ahead: list[Due] = []
         for w in workers:
             if w.busy or w.unkillable or w.exited:
                 continue
             try:
                 if w.table.closed:
                     continue
-                slot, ahead = first_expired(w.table, now)
+                slot, next_deadline = first_expired(w.table, now)
             except (OSError, ValueError) as exc:  # the table was truncated or replaced under us
                 on_damaged(w, exc)
                 continue
-            nearest = min(nearest, ahead)
+            nearest = min(nearest, next_deadline)
             if slot is not None:
-                self._start(w, slot, now)
+                due.append((w, slot, now))
+            else:
+                ahead.append((w, None, next_deadline))
+        window = self.ladder.group_window
+        for batch in gather(due, ahead, now + window) if window > 0 else [[m] for m in due]:
+            self._start(batch, now)
         return nearest
 
-    def _start(self, w: Worker, slot: int, detected: float) -> None:
-        w.busy = True
-        t = threading.Thread(
-            target=self._run, args=(w, slot, detected), name=f"distinit-watchdog-kill-{w.ref.pid}", daemon=True
-        )
+    def _start(self, batch: list[Due], detected: float) -> None:
+        for w, _, _ in batch:
+            w.busy = True
+        w, slot, _ = batch[0]
+        if len(batch) == 1 and slot is not None:
+            target: Callable[[], None] = functools.partial(self._run, w, slot, detected)
+        else:
+            target = functools.partial(run_batch, self, batch, detected)
+        self._spawn(target, f"distinit-watchdog-kill-{w.ref.pid}")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
+        t = threading.Thread(target=target, name=name, daemon=True)
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
         t.start()
+        return t
 
-    def finished(self) -> list[tuple[tuple[int, int], LadderResult]]:
-        """The (worker key, result) of every ladder that ended since the last call."""
+    def finished(self) -> list[tuple[tuple[int, int], LadderResult | None]]:
+        """The (worker key, result) of every ladder that ended since the last call (None: not killed)."""
         out = []
         while True:
             try:
@@ -91,46 +115,71 @@ class Enforcer:
 
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for each running ladder."""
-        for t in self._threads:
+        for t in list(self._threads):
             t.join(timeout)
 
+    def release(self, w: Worker) -> None:
+        """``w`` was not killed (its region ended): the server watches it again."""
+        self._done.put((w.key, None))
+        self._wake()
+
     def _run(self, w: Worker, slot: int, detected: float) -> None:
+        self.finish(w, region_info(w, slot, detected), detected=detected)
+
+    def finish(
+        self,
+        w: Worker,
+        info: tuple[float, float, str, int],
+        *,
+        detected: float,
+        dumped: LadderResult | None = None,
+        role: Role | None = None,
+        note: str = "",
+        slot: int | None = None,
+    ) -> None:
+        """Run the ladder for ``w`` (after its ``dumped`` stack, if taken), report it, hand the result back.
+
+        With ``slot``, the worker is killed only if that slot still holds the deadline in ``info``: one that
+        left its region meanwhile (a victim its culprit's death unblocked) is reported ``released``.
+        """
+        stack_path = stack_file(w)
+        if slot is not None and not _still_armed(w, slot, info[0]):
+            result = dumped or LadderResult(outcome="exited")
+            result.outcome, result.detail = "released", "it left its region before it was killed (not killed)"
+        else:
+            result = self._ladder(w, stack_path, dumped)
+        result.detail = f"{note} {result.detail}".strip()
+        ev = expired_event(self.path, w, info, detected=detected, stack_path=stack_path, result=result, role=role)
+        self.report(ev)
+        self._done.put((w.key, None if result.outcome == "released" else result))
+        self._wake()
+
+    def _ladder(self, w: Worker, stack_path: str | None, dumped: LadderResult | None) -> LadderResult:
         try:
-            info = w.table.slot_info(slot)
-        except (OSError, ValueError):
-            info = (detected, detected, "?", 0)
-        stack_path = w.stack_path if os.path.exists(w.stack_path) else None
-        try:
-            result = run_ladder(w.ref, _dump_signal(w), stack_path, self.ladder)
+            return run_ladder(w.ref, dump_signal(w), stack_path, self.ladder, dumped=dumped)
         except Exception as exc:  # never leave the worker marked busy (and unwatched) forever
             logger.exception(
                 "watchdog: the kill ladder for pid %d failed",
                 w.ref.pid,
                 extra={"distinit": {"event": "watchdog.ladder_failed", "pid": w.ref.pid}},
             )
-            result = LadderResult(
+            return LadderResult(
                 outcome="unkillable" if w.ref.alive() else "exited", detail=f"the kill ladder failed: {exc!r}"
             )
-        ev = expired_event(self.path, w, info, detected=detected, stack_path=stack_path, result=result)
+
+    def report(self, ev: WatchdogEvent) -> None:
+        """Emit ``ev``; pass an expired event to ``on_expire`` too (whose errors are logged, never raised)."""
         self._emit(ev)
-        if self._on_expire is not None:
+        # on_expire has always meant "after each expiry": a verdict is in the log and the events file.
+        if self._on_expire is not None and ev.event == "watchdog.expired":
             try:
                 self._on_expire(ev)
             except Exception:
                 logger.exception(
-                    "watchdog: on_expire callback raised for pid %d",
-                    w.ref.pid,
-                    extra={"distinit": {"event": "watchdog.callback_failed", "pid": w.ref.pid}},
+                    "watchdog: on_expire callback raised for pid %s",
+                    ev.pid,
+                    extra={"distinit": {"event": "watchdog.callback_failed", "pid": ev.pid}},
                 )
-        self._done.put((w.key, result))
-        self._wake()
-
-
-def _dump_signal(w: Worker) -> int:
-    try:
-        return w.table.dump_signal
-    except (OSError, ValueError):
-        return 0
 
 
 def expired_event(
@@ -141,6 +190,7 @@ def expired_event(
     detected: float,
     stack_path: str | None,
     result: LadderResult,
+    role: Role | None = None,
 ) -> WatchdogEvent:
     """The ``watchdog.expired`` event for one ladder run on region ``info`` (deadline, armed_at, scope, thread)."""
     return region_event(
@@ -150,6 +200,10 @@ def expired_event(
         start_time=w.ref.start,
         uid=w.uid,
         region=info,
+        rank=w.identity.rank,
+        local_rank=w.identity.local_rank,
+        world_size=w.identity.world_size,
+        role=role,
         overshoot_s=round(detected - info[0], 6),
         dead_after_s=None if result.dead_at is None else round(result.dead_at - info[0], 6),
         stack_file=stack_path if result.stack else None,
@@ -158,3 +212,10 @@ def expired_event(
         outcome=result.outcome,
         detail=result.detail,
     )
+
+
+def _still_armed(w: Worker, slot: int, deadline: float) -> bool:
+    try:
+        return w.table.deadline(slot) == deadline
+    except (OSError, ValueError):
+        return False

@@ -22,9 +22,12 @@ EventName = Literal[
     "watchdog.adopted",
     "watchdog.rejected",
     "watchdog.expired",
+    "watchdog.verdict",
     "watchdog.exited_armed",
 ]
-Outcome = Literal["killed", "exited", "unkillable"]
+Outcome = Literal["killed", "exited", "unkillable", "released"]
+#: In a group of workers that expired together: the one(s) running their own code, or those waiting on them.
+Role = Literal["culprit", "victim"]
 
 
 class WatchdogEvent(BaseModel):
@@ -32,7 +35,11 @@ class WatchdogEvent(BaseModel):
 
     For ``watchdog.expired``: ``scope``/``thread`` name the region, ``deadline`` is on CLOCK_MONOTONIC,
     ``overshoot_s`` is how late the server noticed, ``dead_after_s`` how long after the deadline the worker
-    was seen dead, ``signals`` lists what was sent in order, and ``outcome`` says how it ended.
+    was seen dead, ``signals`` lists what was sent in order, and ``outcome`` says how it ended
+    (``released``: a victim that left its region during the hold, not killed). ``rank``, ``local_rank`` and
+    ``world_size`` are what the worker's launcher told it (None: unknown). When several workers expired
+    together, ``role`` says whether this one was judged the ``culprit`` or a ``victim``, and
+    ``watchdog.verdict`` (``rank`` = the likely culprit's) says what was decided and why, in ``detail``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -44,6 +51,10 @@ class WatchdogEvent(BaseModel):
     pid: int | None = None
     start_time: int | None = None
     uid: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    role: Role | None = None
     scope: str | None = None
     thread: int | None = None
     after_s: float | None = None
@@ -95,6 +106,7 @@ _LEVELS: dict[str, int] = {
     "watchdog.adopted": logging.INFO,
     "watchdog.rejected": logging.WARNING,
     "watchdog.expired": logging.ERROR,
+    "watchdog.verdict": logging.ERROR,
     "watchdog.exited_armed": logging.INFO,
 }
 
@@ -102,6 +114,10 @@ _LEVELS: dict[str, int] = {
 def describe(ev: WatchdogEvent) -> str:
     """A one-line human summary of an event (the log message)."""
     who = f"pid {ev.pid}" if ev.pid is not None else "server"
+    if ev.rank is not None and ev.pid is not None:
+        who = f"RANK {ev.rank} (pid {ev.pid})"
+    if ev.event == "watchdog.verdict":
+        return ev.detail
     if ev.event == "watchdog.expired":
         stack = f"; stack in {ev.stack_file}" if ev.stack else "; no stack captured"
         return (

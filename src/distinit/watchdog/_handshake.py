@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from distinit.errors import WatchdogError
-from distinit.watchdog._protocol import HELLO, encode_reply
+from distinit.watchdog._protocol import HELLO, MAX_IDENTITY_BYTES, Identity, decode_identity, encode_reply
 
 #: How long a connection may take to send its hello (clients send it right after connecting).
 HANDSHAKE_TIMEOUT = 2.0
@@ -29,9 +29,9 @@ MAX_PENDING = 64
 ACCEPT_BATCH = 256
 _UCRED = struct.Struct("3i")
 
-#: Called with (conn, pid, uid) once the hello is complete; returns why the peer is refused, or None after
-#: taking ownership of ``conn``.
-OnHello = Callable[[socket.socket, int, int], "str | None"]
+#: Called with (conn, pid, uid, identity) once the hello is complete; returns why the peer is refused, or
+#: None after taking ownership of ``conn``.
+OnHello = Callable[[socket.socket, int, int, Identity], "str | None"]
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int]:
@@ -145,7 +145,8 @@ class Handshakes:
             self._drop(pending, f"bad hello {pending.received[:16]!r}")
         elif pending.received == HELLO:
             self._forget(pending)
-            problem = self._on_hello(pending.conn, pending.pid, pending.uid)
+            identity = _identity_after_hello(pending.conn)
+            problem = self._on_hello(pending.conn, pending.pid, pending.uid, identity)
             if problem is not None:
                 self._refuse(pending.conn, pending.pid, pending.uid, problem)
 
@@ -174,3 +175,14 @@ class Handshakes:
         for pending in list(self._pending.values()):
             self._forget(pending)
             pending.conn.close()
+
+
+def _identity_after_hello(conn: socket.socket) -> Identity:
+    """The identity line sent with the hello, if it is already here (it came in the same write).
+
+    Never waits: a client that predates the identity line sends nothing more, and its ranks are unknown.
+    """
+    try:
+        return decode_identity(conn.recv(MAX_IDENTITY_BYTES + 1))
+    except OSError:  # BlockingIOError: nothing sent after the hello
+        return Identity()

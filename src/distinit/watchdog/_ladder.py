@@ -31,6 +31,9 @@ class LadderConfig:
         kill_group: also signal the worker's process group, when the worker leads it (not the server's).
         dump_timeout: the longest wait for the dump to finish.
         verify_timeout: how long after SIGKILL before the worker is reported unkillable.
+        group_window: when a worker expires and other workers' deadlines fall within this many seconds,
+            wait for them and judge them together (culprit first, see ``_culprit``); 0 disables it.
+        victim_hold: seconds between killing the culprit and killing the victims still in their region.
     """
 
     grace: float = 5.0
@@ -38,6 +41,8 @@ class LadderConfig:
     kill_group: bool = False
     dump_timeout: float = 0.5
     verify_timeout: float = 5.0
+    group_window: float = 1.0
+    victim_hold: float = 2.0
 
 
 @dataclass
@@ -77,23 +82,51 @@ class _Signaller:
         )
 
 
-def run_ladder(proc: ProcessRef, dump_signal: int, stack_path: str | None, cfg: LadderConfig) -> LadderResult:
-    """Kill one worker, escalating; never signals anything but ``proc`` (and the group it leads, when asked)."""
+def begin_dump(
+    proc: ProcessRef, dump_signal: int, stack_path: str | None, cfg: LadderConfig
+) -> tuple[LadderResult, int]:
+    """Ask a live worker for its stack (dump signal, then SIGCONT so a stopped one runs its handler).
+
+    Returns a result recording the signals sent, and the stack file offset the dump starts at (-1: no
+    dump was asked for). Several workers can be asked before any dump is collected.
+    """
     result = LadderResult(outcome="exited")
-    if not proc.alive():
-        result.detail = "the worker had already exited"
-        return result
     send = _Signaller(proc, cfg, result)
     if cfg.dump_stacks and dump_signal and stack_path is not None:
         offset = max(_dump.file_size(stack_path), 0)
         if send(dump_signal):
             send(signal.SIGCONT)  # a stopped worker runs its dump handler only once continued
-            result.stack = _dump.collect(stack_path, offset, cfg.dump_timeout)
-    else:
+            return result, offset
+    return result, -1
+
+
+def run_ladder(
+    proc: ProcessRef,
+    dump_signal: int,
+    stack_path: str | None,
+    cfg: LadderConfig,
+    *,
+    dumped: LadderResult | None = None,
+) -> LadderResult:
+    """Kill one worker, escalating; never signals anything but ``proc`` (and the group it leads, when asked).
+
+    ``dumped`` is the result of a dump already taken (:func:`begin_dump` and its collected stack): the
+    ladder then goes straight to SIGTERM.
+    """
+    if not proc.alive():
+        result = dumped or LadderResult(outcome="exited")
+        result.detail = "the worker had already exited"
+        return result
+    if dumped is None:
+        dumped, offset = begin_dump(proc, dump_signal, stack_path, cfg)
+        if offset >= 0 and stack_path is not None:
+            dumped.stack = _dump.collect(stack_path, offset, cfg.dump_timeout)
+    send = _Signaller(proc, cfg, dumped)
+    if not dumped.signals:  # no dump was asked for: still continue a stopped worker before SIGTERM
         send(signal.SIGCONT)
-    _terminate(proc, send, cfg, result)
-    result.detail += send.group_note()
-    return result
+    _terminate(proc, send, cfg, dumped)
+    dumped.detail += send.group_note()
+    return dumped
 
 
 def _terminate(proc: ProcessRef, send: _Signaller, cfg: LadderConfig, result: LadderResult) -> None:

@@ -85,13 +85,16 @@ class Registry:
                 self._drop_sock(w)
                 release(w, unlink=False)
 
-    def ladder_done(self, key: tuple[int, int], result: LadderResult) -> None:
-        """A kill ladder ended: forget the worker, or keep it marked unkillable."""
+    def ladder_done(self, key: tuple[int, int], result: LadderResult | None) -> None:
+        """A kill ladder ended: forget the worker, keep it marked unkillable, or (None: not killed) watch it again."""
         w = self._workers.get(key)
         if w is None:
             return
         w.busy = False
-        if result.outcome == "unkillable":
+        if result is None:
+            if w.exited:  # it exited while judged: what its pidfd callback skipped
+                self._on_exit(w)
+        elif result.outcome == "unkillable":
             w.unkillable = True
         else:
             self.forget(w)
@@ -152,6 +155,9 @@ class Registry:
                     start_time=w.ref.start,
                     uid=w.uid,
                     region=info,
+                    rank=w.identity.rank,
+                    local_rank=w.identity.local_rank,
+                    world_size=w.identity.world_size,
                     detail=f"{len(armed)} region(s) armed; {left:.3f} s were left",
                 )
             )

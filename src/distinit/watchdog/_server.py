@@ -18,11 +18,12 @@ from distinit._duration import to_seconds, wait_bound
 from distinit.errors import WatchdogError
 from distinit.watchdog import _directory, _proc, _scan
 from distinit.watchdog._enforce import Enforcer
-from distinit.watchdog._events import EventSink, WatchdogEvent
+from distinit.watchdog._events import EventName, EventSink, WatchdogEvent
 from distinit.watchdog._handshake import Handshakes, bind_listener
 from distinit.watchdog._ladder import LadderConfig
-from distinit.watchdog._protocol import ENV_VAR, SOCKET_NAME, encode_reply
+from distinit.watchdog._protocol import ENV_VAR, SOCKET_NAME, Identity, encode_reply
 from distinit.watchdog._registry import Registry
+from distinit.watchdog._worker import Worker
 
 logger = logging.getLogger("distinit.watchdog")
 
@@ -44,7 +45,9 @@ class WatchdogServer:
     the tables and, for an expired region, runs the ladder in its own thread: stack dump (faulthandler in
     the worker, written to ``<path>/<pid>.<start>.stack``) → SIGCONT → SIGTERM → ``grace`` → SIGKILL →
     verify death, or report the worker unkillable (D-state). Each outcome is an event (logger
-    ``distinit.watchdog``, optional JSONL file ``events``) passed to ``on_expire``.
+    ``distinit.watchdog``, optional JSONL file ``events``) passed to ``on_expire``. Workers of one job that
+    expire together (within ``group_window``) are judged first: the one running its own code is named the
+    culprit (``watchdog.verdict``) and killed first, those blocked in a collective ``victim_hold`` later.
 
     Slot tables outlive the server: a server restarted on the same path adopts the table of every live
     worker that still has it mapped, and enforces deadlines armed before the restart. Linux only.
@@ -65,12 +68,21 @@ class WatchdogServer:
         dump_timeout: float | timedelta = 0.5,
         verify_timeout: float | timedelta = 5.0,
         use_pidfd: bool = True,
+        group_window: float | timedelta = 1.0,
+        victim_hold: float | timedelta = 2.0,
     ) -> None:
         """Configure a server for ``path`` (``$DISTINIT_WATCHDOG`` or a per-user, per-job default when None).
 
         Raises:
+        ``group_window`` and ``victim_hold`` steer how workers of one job that expire together are judged
+        (``docs/watchdog.md``, "Culprit and victims"): a worker whose region expires waits up to
+        ``group_window`` seconds for the other workers whose deadlines are that close (0: never, each is
+        killed alone at once); the culprit is killed first, the victims ``victim_hold`` seconds later.
+
+        Raises:
             TypeError: a duration is not a number of seconds or a timedelta.
-            ValueError: a negative or non-finite ``grace``, or a non-positive ``resolution``/timeouts.
+            ValueError: a negative or non-finite ``grace``/``group_window``/``victim_hold``, or a
+                non-positive ``resolution``/timeouts.
         """
         self.ladder = LadderConfig(
             grace=to_seconds(grace, "grace", allow_zero=True),
@@ -78,6 +90,8 @@ class WatchdogServer:
             kill_group=kill_group,
             dump_timeout=to_seconds(dump_timeout, "dump_timeout"),
             verify_timeout=to_seconds(verify_timeout, "verify_timeout"),
+            group_window=to_seconds(group_window, "group_window", allow_zero=True),
+            victim_hold=to_seconds(victim_hold, "victim_hold", allow_zero=True),
         )
         self.resolution = to_seconds(resolution, "resolution")
         self.path = os.path.abspath(path or _directory.default_path())
@@ -141,7 +155,10 @@ class WatchdogServer:
         )
         self._stopping.clear()
         pidfd = "on" if self.use_pidfd and _proc.pidfd_supported() else "off"
-        detail = f"grace {self.ladder.grace} s, resolution {self.resolution} s, pidfd {pidfd}"
+        detail = (
+            f"grace {self.ladder.grace} s, resolution {self.resolution} s, pidfd {pidfd}, "
+            f"group window {self.ladder.group_window} s, victim hold {self.ladder.victim_hold} s"
+        )
         self._emit(WatchdogEvent(event="watchdog.started", path=self.path, detail=detail))
         self._guarded(self._scan)  # resume deadlines armed before a restart right away
         self._next_scan = time.monotonic() + _scan.SCAN_INTERVAL
@@ -258,7 +275,7 @@ class WatchdogServer:
     def _on_refused(self, pid: int, uid: int, why: str) -> None:
         self._emit(WatchdogEvent(event="watchdog.rejected", path=self.path, pid=pid, uid=uid, detail=why))
 
-    def _on_hello(self, conn: socket.socket, pid: int, uid: int) -> str | None:
+    def _on_hello(self, conn: socket.socket, pid: int, uid: int, identity: Identity) -> str | None:
         start = _proc.start_time(pid)
         if start is None:
             return f"pid {pid} has exited"
@@ -277,9 +294,27 @@ class WatchdogServer:
         except OSError as exc:
             registry.forget(w, unlink=False)
             return f"handshake failed: {exc.strerror or exc}"
+        w.identity = identity
         registry.attach(w, conn)
-        self._emit(WatchdogEvent(event="watchdog.registered", path=self.path, pid=pid, start_time=start, uid=uid))
+        self._emit_about(w, "watchdog.registered")
         return None
+
+    def _emit_about(self, w: Worker, event: EventName, detail: str = "") -> None:
+        """An event about watched worker ``w``: who it is (pid, start, uid, ranks) and ``detail``."""
+        ident = w.identity
+        self._emit(
+            WatchdogEvent(
+                event=event,
+                path=self.path,
+                pid=w.ref.pid,
+                start_time=w.ref.start,
+                uid=w.uid,
+                rank=ident.rank,
+                local_rank=ident.local_rank,
+                world_size=ident.world_size,
+                detail=detail,
+            )
+        )
 
     # ----------------------------------------------------------------- scan
     def _scan(self) -> None:
@@ -303,14 +338,5 @@ class WatchdogServer:
         if w.table.closed:
             self._registry.forget(w)
             return
-        armed = len(w.table.armed())
-        self._emit(
-            WatchdogEvent(
-                event="watchdog.adopted",
-                path=self.path,
-                pid=pid,
-                start_time=start,
-                uid=self._uid,
-                detail=f"{armed} timer(s) armed",
-            )
-        )
+        w.identity = w.table.identity  # no hello: the ranks the client recorded in its table
+        self._emit_about(w, "watchdog.adopted", f"{len(w.table.armed())} timer(s) armed")

@@ -3,7 +3,8 @@
 Layout (native byte order, every field 8 bytes and 8-byte aligned so each store is one machine store)::
 
     header   16 words   magic, version, pid, start_time, nslots, high-water mark, dump signal,
-                        arms counter, closed flag, scope count, reserved...
+                        arms counter, closed flag, scope count, rank + 1, local rank + 1,
+                        world size + 1 (0: unknown; zero in tables of older clients), reserved...
     slots    NSLOTS x 4 words   deadline (f64, CLOCK_MONOTONIC s; 0 = free), armed_at (f64),
                                 scope id (u64), thread ident (u64)
     scopes   NSCOPES x SCOPE_BYTES   1-byte length + UTF-8 name
@@ -25,6 +26,8 @@ import stat
 import threading
 from types import CodeType, FrameType
 
+from distinit.watchdog._protocol import Identity
+
 MAGIC = int.from_bytes(b"DWDGSLT1", "little")
 VERSION = 1
 HEADER_WORDS = 16
@@ -39,6 +42,8 @@ FILE_SIZE = SCOPES_OFFSET + NSCOPES * SCOPE_BYTES
 
 # Header word indices.
 H_MAGIC, H_VERSION, H_PID, H_START, H_NSLOTS, H_HWM, H_DUMPSIG, H_ARMS, H_CLOSED, H_NSCOPES = range(10)
+# The worker's identity, each stored plus one so that 0 (a table of an older client) reads as unknown.
+H_RANK, H_LOCAL_RANK, H_WORLD_SIZE = range(10, 13)
 # Offsets inside one slot.
 S_DEADLINE, S_ARMED_AT, S_SCOPE, S_THREAD = range(4)
 OVERFLOW_SCOPE = "<scope table full>"
@@ -75,8 +80,11 @@ def encode_scope(scope: str) -> bytes:
     return raw.decode("utf-8", "ignore").encode("utf-8")
 
 
-def create_table(path: str | None, pid: int, start: int) -> mmap.mmap:
-    """Create and map a fresh slot file at ``path`` (mode 0600); anonymous when ``path`` is None."""
+def create_table(path: str | None, pid: int, start: int, identity: Identity | None = None) -> mmap.mmap:
+    """Create and map a fresh slot file at ``path`` (mode 0600); anonymous when ``path`` is None.
+
+    ``identity`` (the worker's ranks) is recorded for a server that adopts the table without a hello.
+    """
     if path is None:
         mm = mmap.mmap(-1, FILE_SIZE)
     else:
@@ -95,6 +103,9 @@ def create_table(path: str | None, pid: int, start: int) -> mmap.mmap:
     scope = encode_scope(OVERFLOW_SCOPE)
     mm[SCOPES_OFFSET : SCOPES_OFFSET + 1 + len(scope)] = bytes([len(scope)]) + scope
     q[H_NSCOPES] = 1
+    ident = identity or Identity()
+    for word, value in ((H_RANK, ident.rank), (H_LOCAL_RANK, ident.local_rank), (H_WORLD_SIZE, ident.world_size)):
+        q[word] = 0 if value is None else value + 1
     q[H_MAGIC] = MAGIC  # last: a reader that sees the magic sees a complete header
     q.release()
     if path is not None:
@@ -198,6 +209,13 @@ class TableReader:
     def arms(self) -> int:
         """How many times the client armed a timer (approximate when several threads arm)."""
         return int(self._header()[H_ARMS])
+
+    @property
+    def identity(self) -> Identity:
+        """The ranks the client recorded (unknown fields in a table of an older client)."""
+        h = self._header()
+        known = [int(h[w]) - 1 if 0 < h[w] <= 2**31 else None for w in (H_RANK, H_LOCAL_RANK, H_WORLD_SIZE)]
+        return Identity(rank=known[0], local_rank=known[1], world_size=known[2])
 
     @property
     def closed(self) -> bool:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import stat
 from dataclasses import dataclass, field
 
 from distinit.watchdog import _proc, _slots
+from distinit.watchdog._protocol import Identity
 
 
 @dataclass
@@ -23,6 +25,7 @@ class Worker:
     busy: bool = False  # a kill ladder is running
     unkillable: bool = False
     exited: bool = False
+    identity: Identity = field(default_factory=Identity)  # from its hello; unknown for an adopted table
     key: tuple[int, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,3 +79,40 @@ def release(w: Worker, *, unlink: bool) -> None:
         st = os.lstat(w.stack_path)
         if stat.S_ISREG(st.st_mode) and st.st_size == 0:
             os.unlink(w.stack_path)
+
+
+def first_expired(table: _slots.TableReader, now: float) -> tuple[int | None, float]:
+    """(the slot with the earliest deadline <= ``now`` or None, the nearest deadline still ahead)."""
+    expired: tuple[int, float] | None = None
+    nearest = math.inf
+    for slot, dl in table.armed():
+        if dl <= now:
+            if expired is None or dl < expired[1]:
+                expired = (slot, dl)
+        elif dl < nearest:
+            nearest = dl
+    # Re-read the slot: a region that disarmed (and maybe re-armed) since the scan is not expired.
+    if expired is not None and table.deadline(expired[0]) != expired[1]:
+        expired = None
+    return (None if expired is None else expired[0]), nearest
+
+
+def region_info(w: Worker, slot: int, detected: float) -> tuple[float, float, str, int]:
+    """(deadline, armed_at, scope, thread) of ``w``'s ``slot``; placeholders when the table is unreadable."""
+    try:
+        return w.table.slot_info(slot)
+    except (OSError, ValueError):
+        return (detected, detected, "?", 0)
+
+
+def dump_signal(w: Worker) -> int:
+    """The signal ``w``'s faulthandler listens on (0: none, or its table is unreadable)."""
+    try:
+        return w.table.dump_signal
+    except (OSError, ValueError):
+        return 0
+
+
+def stack_file(w: Worker) -> str | None:
+    """``w``'s stack file when it exists (a client that never installed its dump handler has none)."""
+    return w.stack_path if os.path.exists(w.stack_path) else None

@@ -28,6 +28,19 @@ def test_no_server_fails_open_at_constant_cost(workers: Workers, wd_dir: Path) -
     assert time.monotonic() - began < 15  # torch: 0.9 s and a raise per call with no server
 
 
+def test_a_killed_worker_that_failed_open_leaves_no_stack_file(workers: Workers, wd_dir: Path) -> None:
+    # Killed without running its atexit clean-up (a launcher's SIGKILL), with no server to clean up after
+    # it: each such worker used to leave an empty <pid>.<start>.stack behind in /dev/shm.
+    procs = [workers.spawn({"DISTINIT_WATCHDOG": str(wd_dir)}, "sleep", "60") for _ in range(3)]
+    for proc in procs:
+        assert read_json_line(proc, 30)["registered"] is False
+    assert sorted(p.suffix for p in wd_dir.iterdir()) == [".slots"] * 3  # the tables a later server adopts
+    for proc in procs:
+        proc.kill()
+        assert proc.wait(10) == -signal.SIGKILL
+    assert list(wd_dir.glob("*.stack")) == []
+
+
 def test_fail_closed_raises_a_watchdog_error(wd_dir: Path) -> None:
     from distinit.watchdog import WatchdogClient
 
@@ -88,11 +101,13 @@ def test_stop_with_no_client_ever_returns_promptly(wd_dir: Path) -> None:
 def test_server_started_after_the_worker_adopts_its_deadlines(
     make_server: Callable[..., WatchdogServer], workers: Workers, wd_dir: Path, events_file: Path
 ) -> None:
-    proc = workers.spawn({"DISTINIT_WATCHDOG": str(wd_dir)}, "sleep", "2.0")
+    env = {"DISTINIT_WATCHDOG": str(wd_dir), "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}
+    proc = workers.spawn(env, "sleep", "2.0")
     ready = read_json_line(proc, 30)
     assert ready["registered"] is False  # failed open: no server yet
     make_server()  # same path, started late
     assert proc.wait(20) in (-signal.SIGTERM, -signal.SIGKILL)
     ev = wait_for(expired_for(events_file, proc.pid), 5, "the expired event")
-    assert ev["scope"] == "sleep-hang"
-    assert any(e["event"] == "watchdog.adopted" and e["pid"] == proc.pid for e in read_events(events_file))
+    assert (ev["scope"], ev["rank"], ev["local_rank"], ev["world_size"]) == ("sleep-hang", 5, 1, 8)
+    adopted = [e for e in read_events(events_file) if e["event"] == "watchdog.adopted" and e["pid"] == proc.pid]
+    assert [e["rank"] for e in adopted] == [5]  # no hello: the ranks came from the worker's table

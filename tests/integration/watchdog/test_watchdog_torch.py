@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from wd_helpers import Workers, expired_for, read_events, read_json_line, start_daemon, wait_for
+from wd_helpers import Workers, expired_for, read_events, read_json_line, start_daemon, torchrun_path, wait_for
 
 from distinit.watchdog import WatchdogServer
 
@@ -35,20 +33,15 @@ def test_worker_blocked_in_gloo_collective_is_dumped_and_killed(
     assert peer.poll() is None  # only the worker whose region overran is touched
 
 
-def _torchrun() -> str | None:
-    found = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
-    return found if os.access(found, os.X_OK) else None
-
-
 @pytest.mark.timeout(150)
-@pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed beside this interpreter")
+@pytest.mark.skipif(torchrun_path() is None, reason="torchrun is not installed beside this interpreter")
 def test_torchrun_restarts_the_killed_worker_and_the_retry_completes(
     workers: Workers, wd_dir: Path, events_file: Path, tmp_path: Path
 ) -> None:
     daemon = start_daemon(workers, wd_dir, events_file)  # beside the agent, as `distinit watchdog serve`
     out = tmp_path / "out"
     out.mkdir()
-    torchrun = _torchrun()
+    torchrun = torchrun_path()
     assert torchrun is not None
     run = subprocess.run(
         [

@@ -29,6 +29,14 @@ def read_json_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any
     return result
 
 
+def torchrun_path() -> str | None:
+    """The ``torchrun`` beside this interpreter (or on PATH), None when it is not installed."""
+    import shutil
+
+    found = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    return found if os.access(found, os.X_OK) else None
+
+
 def read_events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

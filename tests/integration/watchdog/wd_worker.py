@@ -153,6 +153,62 @@ def gloo(client: WatchdogClient, after: float, ident: int) -> None:
         time.sleep(600)  # hang:gloo-peer
 
 
+def ddp(client: WatchdogClient, after: float, ident: int) -> None:
+    # A real DDP step on CPU: RANK hung_rank hangs in its own code inside the guarded step, after its
+    # forward; the others block in backward(), in DDP's gloo all-reduce, inside the same guarded region.
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world, hung_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(sys.argv[3])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[4], world), rank=rank, world_size=world)
+    model = DistributedDataParallel(torch.nn.Linear(16, 4))
+
+    def step(hang: bool) -> None:
+        loss = model(torch.randn(8, 16)).square().sum()
+        if hang:
+            time.sleep(600)  # hang:ddp-culprit (its own code: a stuck data pipeline, a deadlock...)
+        loss.backward()  # the victims wait here for the culprit's gradients
+
+    step(hang=False)  # one healthy step: every rank is in sync when the guarded one starts
+    with client.expires(after, scope="train_step"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, rank=rank)
+        step(hang=rank == hung_rank)
+    say(completed=True)
+
+
+def subgroup(client: WatchdogClient, after: float, ident: int) -> None:
+    # RANK hung_rank hangs in its own code inside its region; RANKs 0 and 1 wait in a barrier of the group
+    # {0, 1, 3} inside theirs, for RANK 3, which idles outside any region. The culprit's death does not
+    # end their wait (it is not in their group): they stay blocked, victims to be killed after the hold.
+    import torch.distributed as dist
+
+    rank, world, hung_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(sys.argv[3])
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[4], world), rank=rank, world_size=world)
+    waiters = dist.new_group([0, 1, 3])  # every rank takes part in creating it
+    if rank == 3:
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, rank=rank)
+        time.sleep(600)  # hang:subgroup-absent, unguarded
+    with client.expires(after, scope="step"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, rank=rank)
+        if rank == hung_rank:
+            time.sleep(600)  # hang:subgroup-culprit
+        dist.barrier(group=waiters)  # hang:subgroup-victim
+
+
+def on_cue(client: WatchdogClient, after: float, ident: int) -> None:
+    # Arms when the test writes a line: regions of several workers start together. With a third argument
+    # the region is left after that many seconds (a healthy worker); without, it hangs.
+    leave = float(sys.argv[3]) if len(sys.argv) > 3 else None
+    say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered)
+    sys.stdin.readline()
+    with client.expires(after, scope="cued"):
+        time.sleep(600 if leave is None else leave)  # hang:on_cue
+    say(left=True)
+    time.sleep(600)  # unguarded from here
+
+
 def group(client: WatchdogClient, after: float, ident: int) -> None:
     import subprocess
 
@@ -189,6 +245,9 @@ MODES: dict[str, Callable[[WatchdogClient, float, int], None]] = {
     "load": load,
     "completes": completes,
     "gloo": gloo,
+    "ddp": ddp,
+    "on_cue": on_cue,
+    "subgroup": subgroup,
     "group": group,
     "recreate": recreate,
 }

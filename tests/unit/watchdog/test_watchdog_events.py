@@ -102,3 +102,14 @@ def test_sink_refuses_a_file_others_may_write(tmp_path: Path) -> None:
     path.chmod(0o666)
     with pytest.raises(WatchdogError, match="forge"):
         EventSink(str(path))
+
+
+def test_workers_are_named_by_rank_and_the_verdict_is_its_one_line_summary() -> None:
+    ev = _expired().model_copy(update={"rank": 3, "local_rank": 1, "world_size": 4, "role": "victim"})
+    assert describe(ev).startswith("watchdog: RANK 3 (pid 42) overran scope 'step'")
+    assert json.loads(ev.model_dump_json())["role"] == "victim"
+    summary = "watchdog: 4 workers expired together; likely culprit RANK 2 (pid 7), ..."
+    verdict = WatchdogEvent(event="watchdog.verdict", pid=7, rank=2, role="culprit", detail=summary)
+    assert describe(verdict) == summary
+    with pytest.raises(ValidationError):
+        WatchdogEvent(event="watchdog.verdict", role="bystander")  # type: ignore[arg-type]

@@ -33,6 +33,22 @@ def test_table_round_trip(tmp_path: Path) -> None:
     mm.close()
 
 
+def test_the_table_records_the_workers_ranks_and_older_tables_read_as_unknown(tmp_path: Path) -> None:
+    from distinit.watchdog._protocol import Identity
+
+    known, old = tmp_path / "1.2.slots", tmp_path / "3.4.slots"
+    _slots.create_table(str(known), 1, 2, Identity(rank=0, local_rank=0, world_size=2)).close()
+    mm = _slots.create_table(str(old), 3, 4)
+    q = memoryview(mm).cast("Q")
+    q[_slots.H_RANK] = 2**40  # garbage in a reserved word is unknown, never a huge rank
+    q.release()
+    mm.close()
+    readers = [_slots.TableReader(str(p), os.geteuid()) for p in (known, old)]
+    assert [r.identity for r in readers] == [Identity(0, 0, 2), Identity()]
+    for r in readers:
+        r.close()
+
+
 def test_reader_refuses_a_file_of_another_owner(tmp_path: Path) -> None:
     path = tmp_path / "1.2.slots"
     _slots.create_table(str(path), 1, 2).close()

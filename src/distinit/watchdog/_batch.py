@@ -1,0 +1,185 @@
+"""Workers of one job that expire together: wait for the batch, dump every stack, judge, kill the culprit first.
+
+Runs in its own thread, started by the enforcer. The batch waits until the last member's deadline (at most
+``group_window`` after the first expiry), drops members that left their region meanwhile, asks every
+remaining one for its stack at once, and judges them (:mod:`~distinit.watchdog._culprit`). The culprits are
+killed first, in parallel; after ``victim_hold`` seconds the victims still in their region are killed too
+(those the culprit's death unblocked, or that their launcher stopped, are not).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from distinit.watchdog import _dump
+from distinit.watchdog._culprit import Member, Verdict, classify, judge
+from distinit.watchdog._events import Role, WatchdogEvent
+from distinit.watchdog._ladder import LadderConfig, LadderResult, begin_dump
+from distinit.watchdog._worker import Worker, dump_signal, first_expired, region_info, stack_file
+
+logger = logging.getLogger("distinit.watchdog")
+
+Region = tuple[float, float, str, int]  # (deadline, armed_at, scope, thread), as TableReader.slot_info
+# After the last member's deadline, let the server's clock pass it before re-reading the tables.
+_SETTLE = 0.005
+
+
+class Host(Protocol):
+    """What a batch needs from the enforcer that started it."""
+
+    path: str
+    ladder: LadderConfig
+
+    def finish(
+        self,
+        w: Worker,
+        info: Region,
+        *,
+        detected: float,
+        dumped: LadderResult | None = None,
+        role: Role | None = None,
+        note: str = "",
+        slot: int | None = None,
+    ) -> None: ...
+
+    def release(self, w: Worker) -> None: ...
+
+    def report(self, ev: WatchdogEvent) -> None: ...
+
+
+class _Expired:
+    """One member whose region did expire: its worker, slot, region, when the server saw it, and its dump."""
+
+    def __init__(self, w: Worker, slot: int, info: Region, detected: float) -> None:
+        self.w, self.slot, self.info, self.detected = w, slot, info, detected
+        self.dumped = LadderResult(outcome="exited")
+
+
+def run_batch(host: Host, batch: Sequence[tuple[Worker, int | None, float]], detected: float) -> None:
+    """Enforce ``batch`` ((worker, expired slot or None, deadline) each); every member is handed back once."""
+    pending = {w.key: w for w, _, _ in batch}
+    try:
+        _run(host, batch, detected, pending)
+    except Exception:
+        logger.exception(
+            "watchdog: judging %d workers that expired together failed; they are watched again",
+            len(batch),
+            extra={"distinit": {"event": "watchdog.ladder_failed", "pids": [w.ref.pid for w, _, _ in batch]}},
+        )
+        for w in pending.values():
+            host.release(w)
+
+
+def _run(
+    host: Host,
+    batch: Sequence[tuple[Worker, int | None, float]],
+    detected: float,
+    pending: dict[tuple[int, int], Worker],
+) -> None:
+    cfg = host.ladder
+    latest = max(deadline for _, _, deadline in batch)
+    time.sleep(max(0.0, min(latest - time.monotonic(), cfg.group_window)) + _SETTLE)
+    now = time.monotonic()
+    expired = []
+    for w, due, _ in batch:
+        try:
+            slot, _ = first_expired(w.table, now)
+        except (OSError, ValueError):
+            slot = None  # the server's next check reports the damaged table
+        if slot is None:  # it left its region in time: healthy, not part of this
+            host.release(pending.pop(w.key))
+        else:  # the first member was seen expired at ``detected``, the others only now
+            expired.append(_Expired(w, slot, region_info(w, slot, now), detected if due is not None else now))
+    if len(expired) <= 1:  # nobody else expired with it: the lone path, no judgement
+        for one in expired:
+            pending.pop(one.w.key)
+            host.finish(one.w, one.info, detected=one.detected, slot=one.slot)
+        return
+    _dump_all(cfg, expired)
+    members = [
+        Member(pid=e.w.ref.pid, identity=e.w.identity, armed_at=e.info[1], finding=classify(e.dumped.stack, e.info[3]))
+        for e in expired
+    ]
+    verdict = judge(members, hold=cfg.victim_hold)
+    _report_verdict(host, verdict, expired)
+    by_pid = {e.w.ref.pid: e for e in expired}
+    first = [by_pid[m.pid] for m in verdict.culprits]
+    rest = [by_pid[m.pid] for m in verdict.victims]
+    _kill(host, first, verdict, pending)
+    if first and rest:
+        time.sleep(cfg.victim_hold)
+    _kill(host, rest, verdict, pending)
+
+
+def _dump_all(cfg: LadderConfig, expired: list[_Expired]) -> None:
+    """Ask every member for its stack before reading any: they dump in parallel, within one ``dump_timeout``."""
+    offsets = []
+    for e in expired:
+        e.dumped, offset = begin_dump(e.w.ref, dump_signal(e.w), stack_file(e.w), cfg)
+        offsets.append(offset)
+    deadline = time.monotonic() + cfg.dump_timeout
+    for e, offset in zip(expired, offsets, strict=True):
+        if offset >= 0:
+            e.dumped.stack = _dump.collect(e.w.stack_path, offset, max(0.01, deadline - time.monotonic()))
+
+
+def _report_verdict(host: Host, verdict: Verdict, expired: list[_Expired]) -> None:
+    likely = verdict.likely
+    who = expired[0].w if likely is None else next(e.w for e in expired if e.w.ref.pid == likely.pid)
+    host.report(
+        WatchdogEvent(
+            event="watchdog.verdict",
+            path=host.path,
+            pid=None if likely is None else likely.pid,
+            rank=None if likely is None else likely.identity.rank,
+            local_rank=None if likely is None else likely.identity.local_rank,
+            world_size=who.identity.world_size,
+            role=None if likely is None else "culprit",
+            scope=expired[0].info[2],
+            detail=verdict.summary,
+        )
+    )
+
+
+def _role_and_note(verdict: Verdict, member: Member, hold: float) -> tuple[Role, str]:
+    """The member's role, and what was decided for it (the start of its event's detail)."""
+    where = member.finding.where or "no readable stack"
+    waiting = member.finding.activity == "collective"
+    if member in verdict.culprits:
+        return "culprit", f"culprit, running its own code ({where}); killed first:"
+    if verdict.culprits:
+        doing = "blocked in a collective" if waiting else "stack unreadable"
+        return "victim", f"victim, {doing} ({where}); after the culprit and a {hold:g} s hold:"
+    if waiting:
+        return "victim", f"victim, blocked in a collective ({where}); no culprit among them, killed with the others:"
+    return "culprit", f"independent hang ({where}); killed with the others:"
+
+
+def _kill(
+    host: Host,
+    group: list[_Expired],
+    verdict: Verdict,
+    pending: dict[tuple[int, int], Worker],
+) -> None:
+    """Run the ladders of ``group`` in parallel and wait for them (each ladder bounds itself)."""
+    members = {m.pid: m for m in (*verdict.culprits, *verdict.victims)}
+    threads = []
+    for e in group:
+        pending.pop(e.w.key)
+        role, note = _role_and_note(verdict, members[e.w.ref.pid], host.ladder.victim_hold)
+        t = threading.Thread(
+            target=host.finish,
+            args=(e.w, e.info),
+            kwargs={"detected": e.detected, "dumped": e.dumped, "role": role, "note": note, "slot": e.slot},
+            name=f"distinit-watchdog-kill-{e.w.ref.pid}",
+            daemon=True,
+        )
+        t.start()
+        threads.append(t)
+    cfg = host.ladder
+    for t in threads:
+        t.join(cfg.dump_timeout + cfg.grace + cfg.verify_timeout + 1.0)
