@@ -19,11 +19,31 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Conflict", "HostIdentity", "HostSlot", "NodeLayout", "RankClaim", "group_ranks", "local_identity"]
+__all__ = [
+    "Conflict",
+    "HostIdentity",
+    "HostSlot",
+    "NodeLayout",
+    "RankClaim",
+    "group_ranks",
+    "local_identity",
+    "open_mpi_node",
+]
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-#: Variables that name this task's node, innermost launcher first (Open MPI and MPICH give none).
-NODE_NAME_VARIABLES = ("SLURMD_NODENAME", "FLUX_NODE_NAME", "LSB_HOSTS_NODE", "PMI_HOSTNAME")
+#: Variables that name this task's node, innermost launcher first. MPICH's hydra proxy sets
+#: MPIR_CVAR_CH3_INTERFACE_HOSTNAME to the host name it was started for (``-hosts``).
+NODE_NAME_VARIABLES = (
+    "SLURMD_NODENAME",
+    "FLUX_NODE_NAME",
+    "LSB_HOSTS_NODE",
+    "PMI_HOSTNAME",
+    "MPIR_CVAR_CH3_INTERFACE_HOSTNAME",
+)
+#: Open MPI 4 names no node, but every rank knows its orted (one per node): ``jobid.vpid;uri...``.
+OMPI_DAEMON_URI = "OMPI_MCA_orte_local_daemon_uri"
+#: Open MPI 4's node list, ``name,name,...@...`` (daemon vpid = index), compressed as ``pre[w:1-4]`` at scale.
+OMPI_NODE_REGEX = "OMPI_MCA_orte_node_regex"
 
 
 class HostIdentity(BaseModel):
@@ -107,6 +127,21 @@ def _read(path: str) -> str | None:
         return None
 
 
+def open_mpi_node(environ: Mapping[str, str]) -> str | None:
+    """The node Open MPI 4 placed this rank on: its orted's entry in the node list, else ``orted<vpid>``.
+
+    Ranks of one node share one orted; two orteds on one machine (fake nodes through an rsh agent,
+    containers) are two nodes to Open MPI, and so to the doctor.
+    """
+    uri = environ.get(OMPI_DAEMON_URI, "")
+    vpid = uri.split(";", 1)[0].rpartition(".")[2]
+    if not vpid.isdigit():
+        return None
+    listed = environ.get(OMPI_NODE_REGEX, "").split("@", 1)[0]
+    names = listed.split(",") if listed and "[" not in listed else []
+    return names[int(vpid)] if int(vpid) < len(names) and names[int(vpid)] else f"orted{vpid}"
+
+
 def local_identity(environ: Mapping[str, str] | None = None) -> HostIdentity:
     """This process's host identity (a few reads from /proc; no network)."""
     env = os.environ if environ is None else environ
@@ -119,7 +154,7 @@ def local_identity(environ: Mapping[str, str] | None = None) -> HostIdentity:
         netns: int | None = os.stat("/proc/self/ns/net").st_ino
     except OSError:
         netns = None
-    node = next((env[name] for name in NODE_NAME_VARIABLES if env.get(name)), None)
+    node = next((env[name] for name in NODE_NAME_VARIABLES if env.get(name)), None) or open_mpi_node(env)
     return HostIdentity(
         hostname=socket.gethostname(), boot_id=_read(BOOT_ID), shm_device=shm, netns=netns, launcher_node=node
     )

@@ -1,14 +1,18 @@
-"""``distinit doctor``: argument parsing and printing (one write per rank, so ranks never interleave)."""
+"""``distinit doctor``: argument parsing and printing.
+
+Rank 0 prints each check's line as it completes; every other rank prints once, at the end.
+"""
 
 from __future__ import annotations
 
 import argparse
 import socket
 import sys
+from typing import TextIO
 
 from distinit._duration import to_seconds
-from distinit.doctor._model import ALL_IDS, DoctorReport
-from distinit.doctor._render import one_line, render
+from distinit.doctor._model import ALL_IDS, Check, DoctorReport
+from distinit.doctor._render import line, one_line, render, tail
 from distinit.doctor._run import run
 
 
@@ -27,8 +31,34 @@ def _ids(text: str) -> tuple[str, ...]:
     return ids
 
 
-def output(report: DoctorReport, *, as_json: bool) -> str:
-    """What this rank prints: rank 0 (or any rank whose world did not form) its report, others one line."""
+class Progress:
+    """Rank 0's human output while the doctor runs: one line per check as it completes.
+
+    The local checks of this rank come first, under their own heading; the world's verdicts (the
+    merged local checks of every rank among them) follow under the world's heading once it formed.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.lines = 0
+
+    def __call__(self, check: Check) -> None:
+        heading = "local checks of this rank" if self.lines == 0 else None
+        if check.id == "world":
+            heading = "the world (every rank's local checks merged, then the world checks)"
+        text = f"distinit doctor: {heading}\n{line(check)}\n" if heading else f"{line(check)}\n"
+        self.stream.write(text)  # one write per check: a line never tears
+        self.stream.flush()
+        self.lines += 1
+
+
+def output(report: DoctorReport, *, as_json: bool, streamed: bool = False) -> str:
+    """What this rank prints: rank 0 (or any rank whose world did not form) its report, others one line.
+
+    ``streamed``: the check lines were already printed as they completed; only the fixes and verdict follow.
+    """
+    if streamed and not as_json:
+        return tail(report)
     formed = any(c.id == "world" and c.status == "pass" for c in report.checks)
     whole = report.rank == 0 or not formed
     if as_json:
@@ -47,8 +77,17 @@ def output(report: DoctorReport, *, as_json: bool) -> str:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the doctor as parsed by :func:`add_doctor_parser`; print; return the exit status."""
     skip = tuple(i for group in args.skip for i in group)
-    report = run(timeout=args.timeout, bandwidth=args.bandwidth, skip=skip, strict=not args.no_strict)
-    sys.stdout.write(output(report, as_json=args.json) + "\n")
+    progress = None if args.json else Progress(sys.stdout)
+    report = run(
+        timeout=args.timeout,
+        bandwidth=args.bandwidth,
+        nccl=args.nccl,
+        skip=skip,
+        strict=not args.no_strict,
+        on_check=progress,
+    )
+    streamed = progress is not None and progress.lines > 0
+    sys.stdout.write(output(report, as_json=args.json, streamed=streamed) + "\n")
     sys.stdout.flush()
     return report.exit_status
 
@@ -70,5 +109,6 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document per rank (rank 0: the world)")
     parser.add_argument("--timeout", type=_seconds, default=60.0, metavar="S", help="bound for everything (60 s)")
     parser.add_argument("--bandwidth", action="store_true", help="also time 64 MiB between neighbouring hosts")
+    parser.add_argument("--nccl", action="store_true", help="also one small NCCL all_reduce (GPU machines)")
     parser.add_argument("--skip", type=_ids, action="append", default=[], metavar="ID,...", help="check ids not to run")
     parser.add_argument("--no-strict", action="store_true", help="treat 'not launched' as a single process")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from distinit._identity import HostIdentity
 from distinit.doctor._bound import bounded
-from distinit.doctor._model import Check, from_error
+from distinit.doctor._model import Check, OnCheck, from_error
 from distinit.doctor._route import check_route
 from distinit.doctor._shm import check_shm
 from distinit.env import DistEnv, env_from_scheduler
@@ -20,6 +20,10 @@ from distinit.errors import SchedulerEnvError
 FD_MARGIN = 128
 #: The longest a name lookup may take before ``names`` fails (the resolver's own default is 5 s x 2).
 NAME_TIMEOUT = 5.0
+NAMES_FIX = (
+    "set MASTER_ADDR to rank 0's routable address and GLOO_SOCKET_IFNAME to the interface that "
+    "carries it (gloo otherwise falls back to the loopback address); fix /etc/hosts"
+)
 
 
 def check_env(*, strict: bool, environ: Mapping[str, str]) -> tuple[DistEnv | None, Check]:
@@ -99,6 +103,7 @@ def check_names(env: DistEnv | None, hostname: str) -> Check:
     """The hostname and MASTER_ADDR resolve; loopback ones fail in a multi-node world."""
     problems: list[str] = []
     evidence: dict[str, object] = {"hostname": hostname}
+    loopback_names: list[str] = []
     for label, name in (("hostname", hostname), ("MASTER_ADDR", env.master_addr if env else None)):
         if name is None:
             continue
@@ -111,14 +116,15 @@ def check_names(env: DistEnv | None, hostname: str) -> Check:
         loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
         if env is not None and loopback and multi_node(env):
             problems.append(f"{label} {name!r} resolves to loopback {found} in a multi-node world")
+            loopback_names.append(label)
     if problems:
         return Check(
             id="names",
             status="fail",
             summary="; ".join(problems),
-            fix="set MASTER_ADDR to rank 0's routable address and GLOO_SOCKET_IFNAME to the interface that "
-            "carries it (gloo otherwise falls back to the loopback address); fix /etc/hosts",
-            evidence=evidence,
+            fix=NAMES_FIX,
+            # only loopback problems: excused in the world report when every host shares one kernel
+            evidence={**evidence, "loopback": loopback_names, "problems": len(problems)},
         )
     return Check(id="names", status="pass", summary=f"{hostname} and MASTER_ADDR resolve", evidence=evidence)
 
@@ -149,9 +155,18 @@ def check_gpu(env: DistEnv | None, environ: Mapping[str, str]) -> Check:
 
 
 def run_local(
-    env: DistEnv | None, *, identity: HostIdentity, environ: Mapping[str, str], budget: Callable[[], float]
+    env: DistEnv | None,
+    *,
+    identity: HostIdentity,
+    environ: Mapping[str, str],
+    budget: Callable[[], float],
+    skip: frozenset[str] = frozenset(),
+    on_check: OnCheck | None = None,
 ) -> list[Check]:
-    """Every local check after ``env``, each bounded by what is left of ``budget()`` (seconds)."""
+    """Every local check after ``env``, each bounded by what is left of ``budget()`` (seconds).
+
+    A check in ``skip`` is not run. ``on_check`` gets each verdict as soon as it is known.
+    """
     world_size = env.world_size if env else 1
     local_world_size = (env.local_world_size or 1) if env else 1
     probes: list[tuple[str, Callable[[], Check], float, str]] = [
@@ -164,8 +179,14 @@ def run_local(
     ]
     checks = []
     for check_id, probe, bound, waiting_for in probes:
-        started = time.monotonic()
-        check = bounded(check_id, probe, timeout=max(0.05, min(bound, budget())), waiting_for=waiting_for)
-        took = round(time.monotonic() - started, 5)
-        checks.append(Check.model_validate({**check.model_dump(), "evidence": {**check.evidence, "elapsed_s": took}}))
+        if check_id in skip:
+            checks.append(Check(id=check_id, status="skip", summary="skipped (--skip)"))
+        else:
+            started = time.monotonic()
+            check = bounded(check_id, probe, timeout=max(0.05, min(bound, budget())), waiting_for=waiting_for)
+            took = round(time.monotonic() - started, 5)
+            evidence = {**check.evidence, "elapsed_s": took}
+            checks.append(Check.model_validate({**check.model_dump(), "evidence": evidence}))
+        if on_check is not None:
+            on_check(checks[-1])
     return checks

@@ -3,6 +3,7 @@
 # No `from __future__ import annotations`: the models name `distinit.doctor` as their module, so pydantic
 # must see real types now, not strings it would resolve there.
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +19,7 @@ EXIT_BAD_ENV = 2
 
 #: Local checks (each rank, no network) then world checks (through one gloo group), in report order.
 LOCAL_IDS = ("env", "limits", "shm", "host", "names", "route", "gpu")
-WORLD_IDS = ("world", "consensus", "clock", "nodes", "reach", "bandwidth")
+WORLD_IDS = ("world", "consensus", "clock", "nodes", "reach", "bandwidth", "nccl")
 ALL_IDS = LOCAL_IDS + WORLD_IDS
 
 _SEVERITY: dict[str, int] = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
@@ -91,6 +92,10 @@ class DoctorReport(BaseModel):
     def about(self, rank: int) -> tuple[Check, ...]:
         """The warnings and failures that name ``rank``."""
         return tuple(c for c in self.checks if c.status in ("warn", "fail") and rank in c.ranks)
+
+
+#: Called with each check as it completes (rank 0's progress output); see ``run(on_check=...)``.
+OnCheck = Callable[[Check], None]
 
 
 def make_report(checks: list[Check], *, world_size: int, rank: int, elapsed_s: float) -> DoctorReport:

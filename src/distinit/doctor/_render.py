@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from distinit.doctor._model import DoctorReport
+from distinit.doctor._model import ALL_IDS, Check, DoctorReport
 
 _MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+#: Width of the id column: the longest id, so streamed lines align before the report is known.
+_WIDTH = max(len(i) for i in ALL_IDS)
 
 
 def verdict(report: DoctorReport) -> str:
@@ -20,17 +22,22 @@ def verdict(report: DoctorReport) -> str:
     return f"{head} ({'; '.join(parts)})" if parts else head
 
 
-def render(report: DoctorReport, *, title: str) -> str:
-    """The whole report as text (rank 0's world report, or a rank's own when the world did not form)."""
-    width = max((len(c.id) for c in report.checks), default=4)
-    lines = [f"distinit doctor: {title}"]
-    lines += [f"  {_MARK[c.status]}  {c.id:<{width}}  {c.summary}" for c in report.checks]
+def line(check: Check) -> str:
+    """One check as one line: status, id, one-line evidence."""
+    return f"  {_MARK[check.status]}  {check.id:<{_WIDTH}}  {check.summary}"
+
+
+def tail(report: DoctorReport) -> str:
+    """The fix of every warning and failure, then the verdict line."""
     fixes = [c for c in report.checks if c.status in ("warn", "fail") and c.fix]
-    if fixes:
-        lines.append("fixes:")
-        lines += [f"  {c.id}: {c.fix}" for c in fixes]
+    lines = ["fixes:", *(f"  {c.id}: {c.fix}" for c in fixes)] if fixes else []
     lines.append(f"verdict: {verdict(report)} in {report.elapsed_s:.2f} s")
     return "\n".join(lines)
+
+
+def render(report: DoctorReport, *, title: str) -> str:
+    """The whole report as text (rank 0's world report, or a rank's own when the world did not form)."""
+    return "\n".join([f"distinit doctor: {title}", *(line(c) for c in report.checks), tail(report)])
 
 
 def one_line(report: DoctorReport, *, host: str) -> str:

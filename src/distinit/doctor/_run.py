@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from distinit._duration import to_seconds
@@ -13,13 +14,36 @@ from distinit._identity import local_identity
 from distinit.doctor._consensus import local_facts
 from distinit.doctor._listener import Listener, gloo_address
 from distinit.doctor._local import check_env, run_local
-from distinit.doctor._model import ALL_IDS, WORLD_IDS, Check, DoctorReport, make_report
+from distinit.doctor._model import ALL_IDS, WORLD_IDS, Check, DoctorReport, OnCheck, make_report
+from distinit.doctor._nccl import local_device
 from distinit.doctor._world import claim_of, form_world, leave_world, skipped, world_checks
 from distinit.env import DistEnv
 
 #: Share of the timeout kept back from the rendezvous for the checks after it (at most RESERVE_CAP s).
 RESERVE_SHARE = 0.3
 RESERVE_CAP = 15.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the caller asked for beyond the defaults."""
+
+    bandwidth: bool
+    nccl: bool
+    skip: frozenset[str]
+
+
+def world_ids(*, bandwidth: bool, nccl: bool) -> list[str]:
+    """The world check ids this run reports (``world`` first; the opt-in ones only when asked for)."""
+    return [i for i in WORLD_IDS if (bandwidth or i != "bandwidth") and (nccl or i != "nccl")]
+
+
+def _tell(on_check: OnCheck | None, checks: Sequence[Check]) -> list[Check]:
+    """Hand ``checks`` to ``on_check`` (if any) in order; return them."""
+    if on_check is not None:
+        for check in checks:
+            on_check(check)
+    return list(checks)
 
 
 def _skip_set(skip: Iterable[str]) -> frozenset[str]:
@@ -31,41 +55,61 @@ def _skip_set(skip: Iterable[str]) -> frozenset[str]:
 
 
 def _world(
-    env: DistEnv, *, local: list[Check], environ: Mapping[str, str], end: float, bandwidth: bool, skip: frozenset[str]
+    env: DistEnv,
+    *,
+    local: list[Check],
+    environ: Mapping[str, str],
+    end: float,
+    options: Options,
+    on_check: OnCheck | None,
 ) -> list[Check]:
     """The world's checks (merged local ones first), or this rank's local checks and why the world failed."""
 
     def budget() -> float:
         return end - time.monotonic()
 
-    wanted = [i for i in WORLD_IDS if i != "world" and (bandwidth or i != "bandwidth")]
+    def failed(world: Check, why: str) -> list[Check]:
+        rest = skipped(world_ids(bandwidth=options.bandwidth, nccl=options.nccl)[1:], why)
+        return [*local, *_tell(on_check, [world, *rest])]
+
     reserve = min(RESERVE_CAP, RESERVE_SHARE * budget())
     identity = local_identity(environ)
     listener = Listener(gloo_address(environ, identity.hostname))
+    checks: list[Check] = []
     try:
         created, world = form_world(env, deadline=max(1.0, budget() - reserve), pg_timeout=max(1.0, reserve))
         if world.status != "pass":
-            return [*local, world, *skipped(wanted, "the world did not form")]
+            return failed(world, "the world did not form")
+        _tell(on_check, [world])
         try:
             payload = {
                 "claim": claim_of(env, identity),
                 "facts": local_facts(environ),
                 "local": [c.model_dump(mode="json") for c in local],
+                "cuda_device": local_device(env.local_rank) if options.nccl else None,
             }
             checks = world_checks(
-                env, payload=payload, listener=listener, budget=budget, bandwidth=bandwidth, skip=skip
+                env,
+                payload=payload,
+                listener=listener,
+                budget=budget,
+                bandwidth=options.bandwidth,
+                nccl=options.nccl,
+                skip=options.skip,
+                on_check=on_check,
             )
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # a peer vanished or sent nonsense
-            failed = Check(
+            broken = Check(
                 id="world",
                 status="fail",
                 summary=f"the world formed, then an exchange failed: {type(exc).__name__}: {first_line(exc)}",
                 fix="another rank stopped or ran out of time: read its output (every rank prints one line)",
                 ranks=(env.rank,),
             )
-            return [*local, failed, *skipped(wanted, "the exchange failed")]
+            return failed(broken, "the exchange failed")
         finally:
-            leave_world(created)
+            # an NCCL collective that never answered (bounded()'s timeout verdict) may still hold the group
+            leave_world(created, stuck=any(c.id == "nccl" and "waiting_for" in c.evidence for c in checks))
     finally:
         listener.close()
     return sorted([world, *checks], key=lambda c: ALL_IDS.index(c.id))
@@ -75,9 +119,11 @@ def run(
     *,
     timeout: float | timedelta = 60.0,
     bandwidth: bool = False,
+    nccl: bool = False,
     skip: Iterable[str] = (),
     strict: bool = True,
     environ: Mapping[str, str] | None = None,
+    on_check: OnCheck | None = None,
 ) -> DoctorReport:
     """Run the doctor on this rank; every rank of the world must call it (as the job would start).
 
@@ -88,9 +134,12 @@ def run(
     Args:
         timeout: seconds (or ``timedelta``) for the whole doctor.
         bandwidth: also measure each host's link to the next (64 MiB each).
+        nccl: also run one small all_reduce on an NCCL group (``skip`` where no rank has a GPU).
         skip: check ids not to run (see ``docs/doctor.md``).
         strict: ``False`` treats "not launched" as a world of one process.
         environ: the variables to read; default ``os.environ``.
+        on_check: called on rank 0 only (and on a rank whose environment did not resolve) with each
+            verdict as it completes: this rank's local checks, then the world's.
 
     Returns:
         The world's :class:`DoctorReport` on every rank once the world formed, else this rank's own.
@@ -100,25 +149,42 @@ def run(
         TypeError: ``timeout`` is not seconds or a ``timedelta``.
     """
     seconds = to_seconds(timeout, "timeout")
-    chosen = _skip_set(skip)
+    options = Options(bandwidth=bandwidth, nccl=nccl, skip=_skip_set(skip))
     import torch  # noqa: F401  # imported before the clock starts: seconds on a loaded host, and no check's cost
 
     started = time.monotonic()
     end = started + seconds
     variables = dict(os.environ if environ is None else environ)
-    env, env_check = check_env(strict=strict, environ=variables)
-    identity = local_identity(variables)
-    local = [env_check, *run_local(env, identity=identity, environ=variables, budget=lambda: end - time.monotonic())]
-    local = [Check(id=c.id, status="skip", summary="skipped (--skip)") if c.id in chosen else c for c in local]
-    if env is None:
-        checks = [*local, *skipped(WORLD_IDS[:-1], "the environment could not be resolved")]
-    elif "world" in chosen:
-        checks = [*local, *skipped(WORLD_IDS[:-1], "skipped (--skip world)")]
+    env, local = _local(variables, strict=strict, end=end, skip=options.skip, on_check=on_check)
+    if env is not None and env.rank != 0:
+        on_check = None  # rank 0 reports the world; the others print one line at the end
+    if env is None or "world" in options.skip:
+        why = "the environment could not be resolved" if env is None else "skipped (--skip world)"
+        checks = [*local, *_tell(on_check, skipped(world_ids(bandwidth=bandwidth, nccl=nccl), why))]
     else:
-        checks = _world(env, local=local, environ=variables, end=end, bandwidth=bandwidth, skip=chosen)
+        checks = _world(env, local=local, environ=variables, end=end, options=options, on_check=on_check)
     return make_report(
         checks,
         world_size=env.world_size if env else 1,
         rank=env.rank if env else 0,
         elapsed_s=time.monotonic() - started,
     )
+
+
+def _local(
+    variables: Mapping[str, str], *, strict: bool, end: float, skip: frozenset[str], on_check: OnCheck | None
+) -> tuple[DistEnv | None, list[Check]]:
+    """The resolved world and this rank's local checks; only rank 0 (or an unresolved rank) tells ``on_check``."""
+
+    def budget() -> float:
+        return end - time.monotonic()
+
+    env, env_check = check_env(strict=strict, environ=variables)
+    if env is not None and env.rank != 0:
+        on_check = None
+    if "env" in skip:
+        env_check = Check(id="env", status="skip", summary="skipped (--skip)")
+    _tell(on_check, [env_check])
+    identity = local_identity(variables)
+    rest = run_local(env, identity=identity, environ=variables, budget=budget, skip=skip, on_check=on_check)
+    return env, [env_check, *rest]

@@ -12,8 +12,9 @@ from distinit.doctor import _clock, _reach
 from distinit.doctor._consensus import consensus
 from distinit.doctor._exchange import gather_json
 from distinit.doctor._listener import Listener
-from distinit.doctor._merge import bandwidth_check, merge_local, reach_check
-from distinit.doctor._model import Check, from_error
+from distinit.doctor._merge import bandwidth_check, excuse_loopback, merge_local, reach_check
+from distinit.doctor._model import Check, OnCheck, from_error
+from distinit.doctor._nccl import check_nccl
 from distinit.doctor._nodes import nodes
 from distinit.env import DistEnv
 from distinit.errors import DistinitError
@@ -63,6 +64,19 @@ def _probe_hosts(
     return result
 
 
+class _Emitter:
+    """Collects world verdicts (``skip`` for ids in ``skip``) and hands each to ``on_check`` at once."""
+
+    def __init__(self, skip: frozenset[str], on_check: OnCheck | None) -> None:
+        self.skip, self.on_check, self.checks = skip, on_check, list[Check]()
+
+    def __call__(self, check: Check) -> None:
+        shown = Check(id=check.id, status="skip", summary="skipped (--skip)") if check.id in self.skip else check
+        self.checks.append(shown)
+        if self.on_check is not None:
+            self.on_check(shown)
+
+
 def world_checks(
     env: DistEnv,
     *,
@@ -70,33 +84,49 @@ def world_checks(
     listener: Listener,
     budget: Callable[[], float],
     bandwidth: bool,
+    nccl: bool = False,
     skip: frozenset[str] = frozenset(),
+    on_check: OnCheck | None = None,
 ) -> list[Check]:
-    """Exchange ``payload`` (facts and local checks), probe, exchange results; every check of the world."""
+    """Exchange ``payload`` (facts and local checks), probe, exchange results; every check of the world.
+
+    Verdicts reach ``on_check`` as they are known: merged local checks, ``consensus`` and ``nodes`` after
+    the first exchange; ``clock``, ``reach`` and ``bandwidth`` after the probes; ``nccl`` last.
+    """
+    emit = _Emitter(skip, on_check)
     op_timeout = max(1.0, min(10.0, budget() / 4))
     documents = gather_json(
         {**payload, "endpoint": [listener.address, listener.port]}, world_size=env.world_size, timeout=op_timeout
     )
-    claims = [RankClaim.model_validate(doc["claim"]) for doc in documents]
-    layout = group_ranks(claims)
+    layout = group_ranks([RankClaim.model_validate(doc["claim"]) for doc in documents])
     host_of = {r: h.label for h in layout.hosts for r in h.ranks}
-    endpoints = {doc["claim"]["rank"]: (str(doc["endpoint"][0]), int(doc["endpoint"][1])) for doc in documents}
+    by_rank = {doc["claim"]["rank"]: doc for doc in documents}
+    for check in merge_local(
+        excuse_loopback({r: d["local"] for r, d in by_rank.items()}, layout=layout), host_of=host_of
+    ):
+        emit(check)
+    emit(consensus({r: doc["facts"] for r, doc in by_rank.items()}, host_of=host_of))
+    emit(nodes(layout))
+    endpoints = {r: (str(doc["endpoint"][0]), int(doc["endpoint"][1])) for r, doc in by_rank.items()}
     pair_timeout = max(0.5, min(3.0, budget() / 4))
     mine = _probe_hosts(env.rank, layout, endpoints, pair_timeout=pair_timeout, bandwidth=bandwidth, skip=skip)
     results = gather_json(mine, world_size=env.world_size, timeout=max(1.0, min(10.0, budget())))
-    by_rank = {doc["claim"]["rank"]: doc for doc in documents}
     leaders = {h.ranks[0]: h for h in layout.hosts}
     led = {leaders[r].label: res for r, res in enumerate(results) if r in leaders}
-    checks = merge_local({r: doc["local"] for r, doc in by_rank.items()}, host_of=host_of)
-    checks.append(consensus({r: doc["facts"] for r, doc in by_rank.items()}, host_of=host_of))
     ranks_of = {h.label: h.ranks for h in layout.hosts}
     offsets = {h: res["clock"] for h, res in led.items()}
-    checks.append(_clock.verdict(offsets, ranks_of=ranks_of, reference=layout.hosts[0].label))
-    checks.append(nodes(layout))
-    checks.append(reach_check(led, ranks_of=ranks_of))
+    emit(_clock.verdict(offsets, ranks_of=ranks_of, reference=layout.hosts[0].label))
+    emit(reach_check(led, ranks_of=ranks_of))
     if bandwidth:
-        checks.append(bandwidth_check(led, ranks_of=ranks_of))
-    return [Check(id=c.id, status="skip", summary="skipped (--skip)") if c.id in skip else c for c in checks]
+        emit(bandwidth_check(led, ranks_of=ranks_of))
+    if nccl:
+        devices = {r: doc.get("cuda_device") for r, doc in by_rank.items()}
+        emit(
+            Check(id="nccl", status="skip", summary="skipped (--skip)")
+            if "nccl" in skip
+            else check_nccl(devices, rank=env.rank, budget=budget())
+        )
+    return emit.checks
 
 
 def form_world(env: DistEnv, *, deadline: float, pg_timeout: float) -> tuple[bool, Check]:
@@ -127,11 +157,14 @@ def form_world(env: DistEnv, *, deadline: float, pg_timeout: float) -> tuple[boo
     return created, Check(id="world", status="pass", summary=summary, evidence={"elapsed_s": round(elapsed, 4)})
 
 
-def leave_world(created: bool) -> None:
-    """Destroy the group if this doctor created it (a training script's own group is left alone)."""
+def leave_world(created: bool, *, stuck: bool = False) -> None:
+    """Destroy the group if this doctor created it (a training script's own group is left alone).
+
+    ``stuck``: an NCCL collective never finished; destroying its group could block, so all is left.
+    """
     import torch.distributed as dist
 
-    if created and dist.is_initialized():
+    if created and not stuck and dist.is_initialized():
         dist.destroy_process_group()
 
 

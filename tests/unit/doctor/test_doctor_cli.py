@@ -22,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
 
 def test_options_and_their_defaults() -> None:
     args = parser().parse_args(["doctor", "--skip", "reach,clock", "--skip", "shm"])
-    assert (args.json, args.timeout, args.bandwidth, args.no_strict) == (False, 60.0, False, False)
+    assert (args.json, args.timeout, args.bandwidth, args.nccl, args.no_strict) == (False, 60.0, False, False, False)
+    assert parser().parse_args(["doctor", "--nccl", "--skip", "nccl"]).nccl
     assert args.skip == [("reach", "clock"), ("shm",)] and callable(args.handler)
 
 

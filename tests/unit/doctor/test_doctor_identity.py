@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distinit._identity import HostIdentity, RankClaim, group_ranks, local_identity
+from distinit._identity import HostIdentity, RankClaim, group_ranks, local_identity, open_mpi_node
 
 BOOT = "cf776ca3-0000-0000-0000-000000000000"
 
@@ -92,6 +92,21 @@ def test_local_identity_reads_this_machine() -> None:
     assert me.hostname and me.launcher_node == "n07"
     assert me.boot_id is None or len(me.boot_id) >= 32
     assert local_identity({}) == local_identity({})
+
+
+def test_launcher_node_names_of_hydra_and_open_mpi() -> None:
+    """Recorded variables of hydra's fake hosts and Open MPI's orteds (see tests/integration/launchers/captures)."""
+    assert local_identity({"MPIR_CVAR_CH3_INTERFACE_HOSTNAME": "fakehost-b"}).launcher_node == "fakehost-b"
+    ompi = {
+        "OMPI_MCA_orte_local_daemon_uri": "1578631168.2;tcp://192.0.2.2:60229;tcp6://[fd00::2]:55697",
+        "OMPI_MCA_orte_node_regex": "vm,fakehost-a,fakehost-b@0(3)",
+    }
+    assert open_mpi_node(ompi) == "fakehost-b"
+    assert local_identity({**ompi, "SLURMD_NODENAME": "dnode2"}).launcher_node == "dnode2"  # innermost first
+    compressed = {**ompi, "OMPI_MCA_orte_node_regex": "node[2:1-4]@0(5)"}
+    assert open_mpi_node(compressed) == "orted2"
+    assert open_mpi_node({**ompi, "OMPI_MCA_orte_node_regex": "vm@0(1)"}) == "orted2"  # vpid beyond the list
+    assert open_mpi_node({}) is None and open_mpi_node({"OMPI_MCA_orte_local_daemon_uri": "garbage"}) is None
 
 
 @settings(max_examples=60, deadline=None)

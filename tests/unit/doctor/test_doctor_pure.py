@@ -10,7 +10,7 @@ from distinit._identity import HostIdentity, RankClaim, group_ranks
 from distinit.doctor import Check, DoctorReport
 from distinit.doctor._clock import offset_from, verdict
 from distinit.doctor._consensus import consensus, differences
-from distinit.doctor._merge import bandwidth_check, merge_local, reach_check
+from distinit.doctor._merge import bandwidth_check, excuse_loopback, merge_local, reach_check
 from distinit.doctor._model import make_report, worst
 from distinit.doctor._nodes import nodes
 from distinit.doctor._reach import reach_plan
@@ -103,6 +103,32 @@ def test_merge_local_keeps_the_worst_and_names_its_ranks() -> None:
     assert merged.summary == "rank 1 (b): 1 MiB; rank 3 (d): 1 MiB" and merged.fix == "enlarge"
     (clean,) = merge_local({0: [ok], 1: [ok]}, host_of={})
     assert clean.status == "pass" and clean.summary == "all ranks: fine"
+
+
+def test_loopback_names_are_a_warning_only_when_every_host_shares_one_kernel() -> None:
+    loopback = Check(
+        id="names",
+        status="fail",
+        summary="MASTER_ADDR 'dnode1' resolves to loopback ['127.0.0.1'] in a multi-node world",
+        fix="set MASTER_ADDR",
+        evidence={"loopback": ["MASTER_ADDR"], "problems": 1},
+    ).model_dump(mode="json")
+    unresolved = {**loopback, "evidence": {"loopback": ["hostname"], "problems": 2}}
+    per_rank = {0: [loopback], 1: [loopback], 2: [unresolved]}
+    claims = [
+        RankClaim(rank=r, identity=HostIdentity(hostname="vm", boot_id="k", netns=1, launcher_node=f"n{r}"))
+        for r in range(3)
+    ]
+    fake = group_ranks(claims)
+    excused = excuse_loopback(per_rank, layout=fake)
+    assert [d["status"] for dumps in excused.values() for d in dumps] == ["warn", "warn", "fail"]
+    assert "share one kernel" in excused[0][0]["summary"] and excused[0][0]["fix"].endswith("set MASTER_ADDR")
+    real = group_ranks(
+        [c.model_copy(update={"identity": c.identity.model_copy(update={"boot_id": f"k{c.rank}"})}) for c in claims]
+    )
+    assert excuse_loopback(per_rank, layout=real) == per_rank
+    (merged,) = merge_local(excused, host_of={})
+    assert merged.status == "fail" and merged.ranks == (2,)
 
 
 def test_two_ranks_of_one_host_on_one_device_fail_gpu() -> None:
