@@ -12,7 +12,9 @@ repetitions of the slowest rank):
 - ``broadcast_tensor`` vs raw ``broadcast`` at 1 KB and 64 MB (plus, at 1 KB, the header rows'
   all-to-all alone: the collective floor of the check);
 - the header check alone vs the per-call cost of ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (a DETAIL-wrapped
-  group over the same ranks, measured in the same rounds).
+  group over the same ranks, measured in the same rounds);
+- a payload sweep (1 KB ... 256 MB): ``broadcast_tensor`` vs raw ``broadcast``, both into receiver buffers,
+  beside this machine's ceilings measured in the same run (one memcpy, one TCP-loopback stream).
 
 Prints a table and writes ``benchmarks/results/broadcast.md`` and ``broadcast.json``.
 """
@@ -295,6 +297,78 @@ def _small_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
     return out
 
 
+#: Payload sizes of the sweep, in bytes (float32 tensors).
+SWEEP_BYTES = (1 << 10, 16 << 10, 256 << 10, 4 * MIB, 64 * MIB, 256 * MIB)
+
+
+def _sweep_cases(rank: int, reps: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Seconds per call at each payload size: raw broadcast vs ``broadcast_tensor``, receivers pass a buffer."""
+    from distinit.broadcast import broadcast_tensor
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for nbytes in SWEEP_BYTES:
+        src_t = torch.randn(nbytes // 4)
+        buf = torch.empty_like(src_t)
+        big = nbytes >= MIB
+        out[str(nbytes)] = compare(
+            {
+                "torch broadcast into a pre-allocated buffer": lambda s=src_t, b=buf: dist.broadcast(
+                    s if rank == 0 else b, 0
+                ),
+                "distinit broadcast_tensor (receivers pass a buffer)": lambda s=src_t, b=buf: broadcast_tensor(
+                    s if rank == 0 else b
+                ),
+            },
+            max(3, reps // 4) if big else reps,
+            inner=1 if big else 20,
+            warmup=1 if big else 5,
+        )
+        del src_t, buf
+    return out
+
+
+def ceilings(nbytes: int = 256 * MIB, reps: int = 3) -> dict[str, float]:
+    """This machine's reference rates in GB/s (best of ``reps``): one memcpy, one TCP stream over loopback.
+
+    The stream is Python sockets with 4 MiB socket buffers, received in place into the destination (as gloo
+    does); gloo's own C++ stream can beat it, so it is a reference line, not a hard bound.
+    """
+    import socket
+    import threading
+
+    a, b = torch.zeros(nbytes // 4), torch.randn(nbytes // 4)  # both written: no zero-page reads
+    memcpy = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        a.copy_(b)
+        memcpy.append(time.perf_counter() - start)
+    payload, into = memoryview(b.numpy()).cast("B"), memoryview(a.numpy()).cast("B")
+    tcp = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        for _ in range(reps):
+            sender = socket.create_connection(server.getsockname())
+            receiver, _ = server.accept()
+            sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MIB)
+            receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * MIB)
+            thread = threading.Thread(target=sender.sendall, args=(payload,))
+            start = time.perf_counter()
+            thread.start()
+            got = 0
+            while got < nbytes:
+                got += receiver.recv_into(into[got:], nbytes - got)
+            tcp.append(time.perf_counter() - start)
+            thread.join()
+            sender.close()
+            receiver.close()
+    return {
+        "bytes": float(nbytes),
+        "memcpy_GBps": nbytes / min(memcpy) / 1e9,
+        "memcpy_median_GBps": nbytes / statistics.median(memcpy) / 1e9,
+        "tcp_loopback_GBps": nbytes / min(tcp) / 1e9,
+        "tcp_loopback_median_GBps": nbytes / statistics.median(tcp) / 1e9,
+    }
+
+
 def _worker(rank: int, world: int, store: str, mode: str, reps: int, sweep: bool, queue: Any) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -306,6 +380,8 @@ def _worker(rank: int, world: int, store: str, mode: str, reps: int, sweep: bool
             result = _module_cases(rank, "A", model_a(), reps, sweep)
         elif mode == "B":
             result = _module_cases(rank, "B", model_b(), reps, sweep)
+        elif mode == "sweep":
+            result = _sweep_cases(rank, reps)  # type: ignore[assignment]  # size -> case -> min/median
         else:
             result = _small_cases(rank, reps)
         if rank == 0:
@@ -345,12 +421,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the bucket-size sweep")
     args = parser.parse_args()
+    from _common import load_average, machine_facts
+
+    load_at_start = load_average()
     reps_big, reps_b, reps_small = (2, 3, 5) if args.quick else (9, 15, 40)
+    roof = ceilings(reps=2 if args.quick else 5)
     results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for world in args.worlds:
         key = f"world {world}"
         results[key] = {}
-        for mode, reps in (("A", reps_big), ("B", reps_b), ("small", reps_small)):
+        for mode, reps in (("A", reps_big), ("B", reps_b), ("small", reps_small), ("sweep", reps_small)):
             t0 = time.perf_counter()
             results[key][mode] = run_world(world, mode, reps, sweep=not args.no_sweep)
             print(f"[{key}] {mode} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -365,7 +445,10 @@ def main() -> None:
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python benchmarks/bench_broadcast.py " + " ".join(sys.argv[1:]),
     }
-    (RESULTS / "broadcast.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    facts = machine_facts(load_at_start=load_at_start)
+    (RESULTS / "broadcast.json").write_text(
+        json.dumps({"meta": meta, "machine_facts": facts, "ceilings": roof, "results": results}, indent=2) + "\n"
+    )
     (RESULTS / "broadcast.md").write_text(
         f"# broadcast benchmark\n\n`{meta['command']}` on {meta['cpus']} CPUs (1-minute load average "
         f"{meta['load_average_1m_at_end']:.1f} at the end: a shared machine), torch {meta['torch']}, gloo over "

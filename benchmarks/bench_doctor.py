@@ -209,6 +209,7 @@ def main() -> int:
     if args.worker:
         worker(args.worker)
         return 0
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, Any] = {
         "machine": f"{platform.node()} {os.cpu_count()} cpus, python {platform.python_version()}"
     }
@@ -245,6 +246,9 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     print(text)
+    from _common import machine_facts
+
+    results["machine_facts"] = machine_facts(load_at_start=load_at_start)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "doctor.md").write_text(text + "\n")
     (args.out / "doctor.json").write_text(json.dumps(results, indent=2) + "\n")

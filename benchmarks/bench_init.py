@@ -351,6 +351,7 @@ def main() -> int:
         worker(json.loads(args.worker))
         return 0
     repeats = 2 if args.quick else args.repeats
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch is imported in this process
     import torch
 
@@ -438,6 +439,9 @@ def main() -> int:
     lines += ["", "## NCCL (world 1, device_id)", "", f"{results['nccl']}", ""]
     text = "\n".join(lines)
     print(text)
+    from _common import machine_facts
+
+    results["machine_facts"] = machine_facts(load_at_start=load_at_start)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "init.md").write_text(text + "\n")
     (RESULTS / "init.json").write_text(json.dumps(results, indent=2) + "\n")

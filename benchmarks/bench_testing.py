@@ -214,11 +214,13 @@ def summarise(kind: str, tests: int, work: Path) -> dict[str, Any]:
     out["trivial_outcomes"] = sorted({entry.get("outcome", "?") for entry in trivial.values()})
     out["trivial_first_s"] = durations[0]
     out["trivial_median_s"] = statistics.median(durations[1:])
+    out["trivial_durations_s"] = durations  # every test in order: the first pays start-up
     if kind == "distinit":
         reuse = run_session(kind, tests, "reuse", work)["times"]
         reuse_durations = [reuse[name]["duration"] for name in sorted(reuse, key=_order)]
         out["reuse_first_s"] = reuse_durations[0]
         out["reuse_median_s"] = statistics.median(reuse_durations[1:])
+        out["reuse_durations_s"] = reuse_durations
     raised = run_session(kind, tests, "raise", work)
     entry = raised["times"]["test_raise"]
     out["raise_outcome"] = entry.get("outcome")
@@ -290,8 +292,13 @@ def main() -> None:
         meta["torch"] = torch.__version__
     except ImportError:
         pass
+    from _common import machine_facts
+
+    facts = machine_facts(load_at_start=[round(load_before, 2)])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "testing.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    (RESULTS / "testing.json").write_text(
+        json.dumps({"meta": meta, "machine_facts": facts, "results": results}, indent=2) + "\n"
+    )
     (RESULTS / "testing.md").write_text(
         "# distinit.testing vs torch MultiProcessTestCase\n\n"
         f"{meta['date']}, Python {meta['python']}, torch {meta.get('torch')}, {meta['cpus']} CPUs, "

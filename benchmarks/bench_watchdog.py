@@ -37,6 +37,7 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 FORK = mp.get_context("fork")  # children inherit the imports: 100 torch imports would swamp 2 cores
 LONG = 3600.0  # deadlines that never expire during the cost and load runs
+QUANTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -87,6 +88,9 @@ def _time_regions(region: Callable[[], Any], n: int, spaced: int) -> dict[str, f
         "spaced_p99_us": pct(spaced_samples, 99) if spaced_samples else float("nan"),
         "errors": errors,
         "calls": 2 * n + spaced,
+        # the distribution, for the plot: percentiles 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9
+        "quantiles_us": {str(q): pct(samples, q) for q in QUANTILES} if samples else {},
+        "spaced_quantiles_us": {str(q): pct(spaced_samples, q) for q in QUANTILES} if spaced_samples else {},
     }
 
 
@@ -417,6 +421,8 @@ def latency_torch(max_interval: float, trials: int) -> dict[str, Any]:
         "min_ms": min(lat),
         "stacks_dumped": 0,
         "server_killed_itself": server_died,
+        "load_avg_1m": os.getloadavg()[0],
+        "lat_ms": [round(x, 2) for x in lat],
     }
 
 
@@ -520,6 +526,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # torch's client logs ten tracebacks per failed open; ours one per kill
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     res: dict[str, Any] = {
         "args": vars(args) | {"out": str(args.out)},
         "machine": machine(),
@@ -538,6 +545,9 @@ def main() -> int:
     }
     if not args.quick:
         res["latency"]["torch_10"] = latency_torch(10.0, 3)
+    from _common import machine_facts
+
+    res["machine_facts"] = machine_facts(load_at_start=load_at_start)
     table = render(res)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
