@@ -25,6 +25,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "broadcast",
         "testing",
         "integrations",
+        "doctor",
         "cli",
         "annotations",
         "importlib",
@@ -95,6 +96,7 @@ def test_public_classes_name_their_public_module() -> None:
         "distinit.watchdog",
         "distinit.broadcast",
         "distinit.testing",
+        "distinit.doctor",
     )
     bad = []
     for package in packages:
