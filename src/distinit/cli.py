@@ -44,8 +44,6 @@ _FIELDS = (
     "job_id",
     "restart_count",
 )
-#: Bytes per rank in the identity all_gather of ``--check``.
-_IDENTITY_BYTES = 512
 
 
 def _explain(env: DistEnv) -> str:
@@ -81,20 +79,11 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
         RendezvousError: the world did not form within ``timeout`` (duplicate rank, world-size mismatch,
             missing ranks...), as :func:`distinit.init_with_retry` says.
     """
-    if env.world_size > 1 and (env.master_addr is None or env.master_port is None):
-        missing = [
-            name
-            for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port))
-            if value is None
-        ]
-        raise SchedulerEnvError(
-            f"cannot check a {env.world_size}-process world: {' and '.join(missing)} unknown.",
-            variables=tuple(missing),
-            fix="pass them to every process, e.g. `mpirun -x MASTER_ADDR=<rank 0 host> -x MASTER_PORT=<port>`.",
-        )
+    _require_master(env)
     import torch  # only now: a refused check above stays fast
     import torch.distributed as dist
 
+    from distinit.doctor._exchange import gather_json
     from distinit.init import init_with_retry
 
     env.export()
@@ -105,18 +94,31 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
         total = torch.tensor([env.rank], dtype=torch.int64)
         dist.all_reduce(total)
         identity = [env.rank, env.local_rank, env.node_rank, socket.gethostname()[:200], os.getpid()]
-        raw = json.dumps(identity).encode()
-        mine = torch.zeros(_IDENTITY_BYTES, dtype=torch.uint8)
-        mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        gathered = [torch.zeros(_IDENTITY_BYTES, dtype=torch.uint8) for _ in range(env.world_size)]
-        dist.all_gather(gathered, mine)
+        peers = gather_json(identity, world_size=env.world_size, timeout=timeout)
     finally:
         dist.destroy_process_group()
-    peers = [json.loads(bytes(t.tolist()).rstrip(b"\0").decode()) for t in gathered]
+    return _judge(env, int(total.item()), peers)
+
+
+def _require_master(env: DistEnv) -> None:
+    """Raise when a multi-process world has no rendezvous endpoint."""
+    missing = tuple(
+        name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if value is None
+    )
+    if env.world_size > 1 and missing:
+        raise SchedulerEnvError(
+            f"cannot check a {env.world_size}-process world: {' and '.join(missing)} unknown.",
+            variables=missing,
+            fix="pass them to every process, e.g. `mpirun -x MASTER_ADDR=<rank 0 host> -x MASTER_PORT=<port>`.",
+        )
+
+
+def _judge(env: DistEnv, total: int, peers: list[Any]) -> dict[str, Any]:
+    """The verdict of ``env --check`` from the all-reduced rank sum and every rank's identity."""
     expected = env.world_size * (env.world_size - 1) // 2
     problems = []
-    if int(total.item()) != expected:
-        problems.append(f"all_reduce of ranks gave {int(total.item())}, expected {expected}")
+    if total != expected:
+        problems.append(f"all_reduce of ranks gave {total}, expected {expected}")
     ranks = sorted(peer[0] for peer in peers)
     if ranks != list(range(env.world_size)):
         problems.append(f"ranks seen {ranks}, expected each of 0..{env.world_size - 1} once")
@@ -126,7 +128,7 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
     return {
         "ok": not problems,
         "problems": problems,
-        "all_reduce_sum": int(total.item()),
+        "all_reduce_sum": total,
         "expected_sum": expected,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),

@@ -77,20 +77,17 @@ def region_event(
     event: EventName,
     *,
     path: str,
-    pid: int,
-    start_time: int,
-    uid: int,
     region: tuple[float, float, str, int],
     **facts: Any,
 ) -> WatchdogEvent:
-    """An event about one armed region, ``region`` being (deadline, armed_at, scope, thread); ``facts`` add to it."""
+    """An event about one armed region, ``region`` being (deadline, armed_at, scope, thread).
+
+    ``facts`` add to it: who the worker is (``Worker.facts()``: pid, start time, uid, ranks) and the rest.
+    """
     deadline, armed_at, scope, thread = region
     return WatchdogEvent(
         event=event,
         path=path,
-        pid=pid,
-        start_time=start_time,
-        uid=uid,
         scope=scope,
         thread=thread,
         after_s=round(deadline - armed_at, 6),

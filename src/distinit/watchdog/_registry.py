@@ -151,13 +151,8 @@ class Registry:
                 region_event(
                     "watchdog.exited_armed",
                     path=self.path,
-                    pid=w.ref.pid,
-                    start_time=w.ref.start,
-                    uid=w.uid,
                     region=info,
-                    rank=w.identity.rank,
-                    local_rank=w.identity.local_rank,
-                    world_size=w.identity.world_size,
+                    **w.facts(),
                     detail=f"{len(armed)} region(s) armed; {left:.3f} s were left",
                 )
             )

@@ -301,20 +301,7 @@ class WatchdogServer:
 
     def _emit_about(self, w: Worker, event: EventName, detail: str = "") -> None:
         """An event about watched worker ``w``: who it is (pid, start, uid, ranks) and ``detail``."""
-        ident = w.identity
-        self._emit(
-            WatchdogEvent(
-                event=event,
-                path=self.path,
-                pid=w.ref.pid,
-                start_time=w.ref.start,
-                uid=w.uid,
-                rank=ident.rank,
-                local_rank=ident.local_rank,
-                world_size=ident.world_size,
-                detail=detail,
-            )
-        )
+        self._emit(WatchdogEvent(event=event, path=self.path, detail=detail, **w.facts()))
 
     # ----------------------------------------------------------------- scan
     def _scan(self) -> None:

@@ -31,6 +31,18 @@ class Worker:
     def __post_init__(self) -> None:
         self.key = (self.ref.pid, self.ref.start)
 
+    def facts(self) -> dict[str, int | None]:
+        """Who this worker is, as every event about it says: pid, start time, uid and its ranks."""
+        ident = self.identity
+        return {
+            "pid": self.ref.pid,
+            "start_time": self.ref.start,
+            "uid": self.uid,
+            "rank": ident.rank,
+            "local_rank": ident.local_rank,
+            "world_size": ident.world_size,
+        }
+
 
 def open_worker(directory: str, pid: int, start: int, uid: int, *, use_pidfd: bool, adopting: bool) -> Worker | str:
     """Verify process ``pid`` (started at ``start``) and open its table; the worker, or why not.
