@@ -14,7 +14,7 @@ from torch.distributed import HashStore
 
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
-from distinit.init import _caller, _preflight
+from distinit.init import _caller, _preflight, _world
 from distinit.init._backend import choose_backend
 from distinit.init._backoff import Backoff
 from distinit.init._boundary import readable
@@ -121,8 +121,9 @@ def _init(
     )
     _preflight.check_backend(backend, rank=world.rank)
     _preflight.check_interfaces(backend, os.environ, rank=world.rank)
+    _preflight.check_advertised_address(backend, world, os.environ)
     if world.world_size == 1 and not (world.master_addr and world.master_port):
-        return _alone(backend, bounds=bounds, device_id=device_id)
+        return _alone(world, backend, bounds=bounds, device_id=device_id, verify=verify)
     session = Rendezvous(
         env=world,
         backend=backend,
@@ -138,13 +139,17 @@ def _init(
     return report
 
 
-def _alone(backend: str, *, bounds: Bounds, device_id: int | torch.device | None) -> InitReport:
+def _alone(
+    env: DistEnv, backend: str, *, bounds: Bounds, device_id: int | torch.device | None, verify: bool
+) -> InitReport:
     """A world of one needs no network: a local store, as composer does."""
     started = time.monotonic()
+    verified = _world.settle(env, [_world.claim_of(env, os.environ)]) if verify else None
     dist.init_process_group(
         backend, store=HashStore(), rank=0, world_size=1, timeout=bounds.init_timeout(), device_id=device_id
     )
     return InitReport(
+        world=verified,
         backend=backend,
         rank=0,
         world_size=1,
@@ -168,6 +173,7 @@ def _report(session: Rendezvous) -> InitReport:
             "attempts": tuple(session.log.records),
             "elapsed": round(time.monotonic() - session.start, 4),
             "group_counter_reset": session.former.counter_resets,
+            "world": session.former.world,
         }
     )
 

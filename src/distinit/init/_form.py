@@ -11,17 +11,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from distinit._duration import to_timedelta
-from distinit.errors import RendezvousError
+from distinit.env import DistEnv
+from distinit.errors import RendezvousError, SchedulerEnvError
 from distinit.init._attempt import AttemptFailed, quote
 from distinit.init._bounds import Bounds
+from distinit.init._init_verdict import classify_init_failure
 from distinit.init._join import JoinProtocol
+from distinit.init._world import claim_of, exchange, settle
 
 logger = logging.getLogger("distinit.init")
 
@@ -63,27 +66,6 @@ def _set_pg_timeout() -> Callable[[timedelta], None] | None:
     return setter
 
 
-def check_collective(*, backend: str, device_id: int | torch.device | None, world_size: int, end: float) -> None:
-    """One tiny ``all_reduce`` within ``end`` (monotonic), so that success means the fabric works.
-
-    Raises:
-        RuntimeError: it did not complete in time, or summed wrongly.
-    """
-    device: torch.device | None = None
-    if isinstance(device_id, torch.device):
-        device = device_id
-    elif isinstance(device_id, int):
-        device = torch.device("cuda", device_id)
-    elif backend == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    tensor = torch.ones(1, device=device)
-    work = dist.all_reduce(tensor, async_op=True)
-    if work is None or not work.wait(timeout=to_timedelta(max(end - time.monotonic(), 1.0))):
-        raise RuntimeError("the check all_reduce did not complete")
-    if int(tensor.item()) != world_size:
-        raise RuntimeError(f"the check all_reduce summed to {tensor.item()} instead of {world_size}")
-
-
 def destroy_group(rank: int) -> bool:
     """Destroy the default group if one exists, then reset torch's leaked counter; True if it was reset."""
     if dist.is_initialized():
@@ -118,14 +100,17 @@ class GroupFormer:
         self,
         *,
         backend: str,
-        rank: int,
-        world_size: int,
+        env: DistEnv,
+        environ: Mapping[str, str],
         bounds: Bounds,
         device_id: int | torch.device | None,
         verify: bool,
     ) -> None:
-        self.backend, self.rank, self.world_size = backend, rank, world_size
+        self.backend, self.env, self.environ = backend, env, environ
+        self.rank, self.world_size = env.rank, env.world_size
         self.bounds, self.device_id, self.verify = bounds, device_id, verify
+        #: The world as the ranks' host identities verified it (set by a verified ``form``).
+        self.world: DistEnv | None = None
         #: How often torch's leaked group counter was reset (reported as ``group_counter_reset``).
         self.counter_resets = 0
 
@@ -152,8 +137,11 @@ class GroupFormer:
             )
             if self.verify:
                 verifying()
-                check_collective(backend=self.backend, device_id=self.device_id, world_size=self.world_size, end=end)
+                self.world = self._verified(end)
             set_collective_timeout(collective)
+        except (SchedulerEnvError, RendezvousError):
+            self.undo()  # the world disagrees with the environment: a verdict, the same on every rank
+            raise
         except (ValueError, TypeError) as exc:
             self.undo()
             raise RendezvousError(
@@ -166,6 +154,9 @@ class GroupFormer:
             ) from exc
         except (dist.DistError, RuntimeError, OSError) as exc:
             self.undo()
+            verdict = classify_init_failure(exc, join=join, generation=generation, env=self.env, hosting=join.hosting)
+            if verdict is not None:  # not transient (gloo's loopback trap): one verdict everywhere, no new generation
+                raise verdict from exc
             # If the store is gone too, the next attempt reconnects and reads the generation anew.
             with contextlib.suppress(dist.DistError, RuntimeError):
                 join.abandon(generation)
@@ -175,6 +166,17 @@ class GroupFormer:
             ) from exc
         finally:
             store.set_timeout(collective)
+
+    def _verified(self, end: float) -> DistEnv:
+        """Exchange host identities (the check collective) and settle the world they describe."""
+        claims = exchange(
+            claim_of(self.env, self.environ),
+            backend=self.backend,
+            device_id=self.device_id,
+            world_size=self.world_size,
+            end=end,
+        )
+        return settle(self.env, claims)
 
     def undo(self) -> None:
         """Destroy the group this call formed (if any) and reset torch's leaked counter."""

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from distinit.env import DistEnv
+
 #: Where an attempt was when it ended: pre-flight checks, reaching the master, creating or joining the
 #: store, the join protocol on the store, torch's ``init_process_group``, the tiny check collective.
 Phase = Literal["preflight", "probe", "store", "join", "init", "verify", "done"]
@@ -49,6 +51,12 @@ class InitReport(BaseModel):
     already_initialized: bool = Field(default=False, description="True if the call found a compatible group.")
     group_counter_reset: int = Field(
         default=0, ge=0, description="How often torch's leaked group counter was reset (pytorch/pytorch#46561)."
+    )
+    world: DistEnv | None = Field(
+        default=None,
+        description="The world verified by the ranks' host identities: the environment's values, with node rank, "
+        "local world size and node count filled in where it left them unknown (sources: 'world: host identity'). "
+        "None when the group was not verified (verify=False, or a group that already existed).",
     )
 
     def __str__(self) -> str:

@@ -33,6 +33,7 @@ from distinit.init._form import GroupFormer
 from distinit.init._grace import Grace
 from distinit.init._handover import Abandoned, Handover
 from distinit.init._host_lost import host_gone
+from distinit.init._init_verdict import InitWatch
 from distinit.init._join import JoinProtocol, wait_for_key
 from distinit.init._launched import launched
 from distinit.init._records import AttemptLog
@@ -91,8 +92,9 @@ class Rendezvous:
         self.grace = Grace(foreign=bounds.attempt_timeout)
         self.handover = Handover()
         self.former = GroupFormer(
-            backend=backend, rank=env.rank, world_size=env.world_size, bounds=bounds, device_id=device_id, verify=verify
+            backend=backend, env=env, environ=environ, bounds=bounds, device_id=device_id, verify=verify
         )
+        self.watch = InitWatch(self.master, env=env, backend=backend, environ=environ, hosting=self.hosting)
         self.log = AttemptLog(rank=self.rank, master=self.master.name, start=self.start, deadline_at=self.deadline_at)
         self.store: TCPStore | None = None
         self.join: JoinProtocol | None = None
@@ -118,12 +120,13 @@ class Rendezvous:
                 # would otherwise start init with scraps of their attempt while the late rank has all of
                 # its own, give up first, and fall a generation out of phase with it.
                 self._phase = "init"
-                self.former.form(
-                    join,
-                    generation,
-                    end=min(time.monotonic() + self.bounds.attempt_timeout, self.deadline_at),
-                    verifying=self._verifying,
-                )
+                with self.watch.during(join.namespace, generation):  # a peer's verdict ends a blocked init
+                    self.former.form(
+                        join,
+                        generation,
+                        end=min(time.monotonic() + self.bounds.attempt_timeout, self.deadline_at),
+                        verifying=self._verifying,
+                    )
             except (dist.DistError, RuntimeError, OSError) as exc:
                 gone = self._host_gone()
                 if gone is not None:

@@ -34,7 +34,10 @@ class SetupResult(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    env: DistEnv = Field(description="The world, resolved from the launcher and exported to os.environ.")
+    env: DistEnv = Field(
+        description="The world, resolved from the launcher, verified by the ranks' host identities once the group "
+        "formed (unknown node rank, local world size and node count filled in), and exported to os.environ."
+    )
     report: InitReport = Field(description="How the process group formed.")
     device: str = Field(description='The device this rank computes on: "cuda:N" or "cpu".')
 
@@ -124,6 +127,11 @@ def _setup(
         device_id = torch.device("cuda", env.local_rank)
         device = f"cuda:{env.local_rank}"
     report = init(chosen, env=env, device_id=device_id)
+    if report.world is not None and report.world != env:
+        # What the world verified (node rank, local world size, node count) replaces the environment's
+        # unknowns in os.environ too, so Lightning and accelerate read the truth.
+        env = report.world
+        env.export()
     result = SetupResult(env=env, report=report, device=device)
     _Current.result = result
     if not _Current.atexit_registered:

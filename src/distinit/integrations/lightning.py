@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from distinit.env import DistEnv, env_from_scheduler
@@ -154,21 +155,32 @@ class DistinitEnvironment(_Base):
     def set_global_rank(self, rank: int) -> None:
         """Accept the rank Lightning computed (``node_rank * devices + local_rank``) only when it is the launcher's.
 
+        Once the process group exists (``distinit.setup()`` before the Trainer), every rank learns in one
+        bounded ``all_reduce`` which ranks Lightning numbered wrongly, and all of them raise the same error:
+        none goes on into ``fit`` to wait for peers that already failed.
+
         Raises:
-            ConflictingEnvError: it differs; two processes would otherwise hold the same rank.
+            ConflictingEnvError: it differs, on this rank or (with a group) on any rank; two processes would
+                otherwise hold the same rank.
         """
         env = self._env
-        if rank == env.rank:
+        wrong = _wrong_ranks(env, agrees=rank == env.rank)
+        if rank == env.rank and not wrong:
             return
         lws, node = env.local_world_size, env.node_rank
-        if lws is not None and node and node * lws + env.local_rank == env.rank:
+        if rank != env.rank and lws is not None and node and node * lws + env.local_rank == env.rank:
             # The launcher's layout is one block per node: Lightning's rank is off because devices != lws.
             raise self._devices_conflict((rank - env.local_rank) // node)
         source = self._source("rank")
+        what = (
+            f"Lightning's ranks (node_rank * devices + local_rank) differ from the launcher's on ranks {wrong}"
+            if wrong
+            else f"Lightning computed global rank {rank} = node_rank {env.node_rank} * devices + local_rank "
+            f"{env.local_rank}, but the launcher started this process as {source}={env.rank}"
+        )
         raise ConflictingEnvError(
-            f"Lightning computed global rank {rank} = node_rank {self._env.node_rank} * devices + local_rank "
-            f"{self._env.local_rank}, but the launcher started this process as {source}={self._env.rank}.",
-            variables=(source, *self._env.sources.get("node_rank", ("NODE_RANK",))),
+            f"{what}.",
+            variables=(source, *env.sources.get("node_rank", ("NODE_RANK",))),
             why="Lightning's DDP assumes every node runs one block of `devices` consecutive ranks; this launch "
             "placed ranks otherwise (mpirun --map-by node, srun --distribution=cyclic, uneven nodes), so two "
             "processes would both believe they are the same rank.",
@@ -246,3 +258,33 @@ class DistinitEnvironment(_Base):
             f"DistinitEnvironment(rank={env.rank}, world_size={env.world_size}, local_rank={env.local_rank}, "
             f"node_rank={env.node_rank}, launcher={env.launcher!r})"
         )
+
+
+#: How long the ranks wait for each other to agree on Lightning's numbering (one tiny all_reduce).
+AGREE_TIMEOUT = 60.0
+
+
+def _wrong_ranks(env: DistEnv, *, agrees: bool) -> list[int]:
+    """The ranks whose Lightning rank differs from the launcher's, learnt by all ranks in one ``all_reduce``.
+
+    Empty without a default process group of this world (then each rank only knows about itself).
+
+    Raises:
+        ConflictingEnvError: the peers did not answer within :data:`AGREE_TIMEOUT` (one of them failed first).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != env.world_size:
+        return []
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    flags = torch.zeros(env.world_size, dtype=torch.int32, device=device)
+    flags[env.rank] = 0 if agrees else 1
+    work = dist.all_reduce(flags, async_op=True)
+    if work is None or not work.wait(timeout=timedelta(seconds=AGREE_TIMEOUT)):  # pragma: no cover - torch raises
+        raise ConflictingEnvError(
+            f"rank {env.rank}: the other ranks did not compare Lightning's ranks within {AGREE_TIMEOUT:.0f} s.",
+            why="another rank failed before it reached the Trainer.",
+            fix="see the other ranks' errors.",
+        )
+    return [int(r) for r in torch.nonzero(flags.cpu()).flatten().tolist()]

@@ -89,6 +89,8 @@ def main() -> None:
     try:
         if spec.get("mode") == "setup":
             result.update(setup_sequence(kwargs))
+        elif spec.get("mode") == "setup_world":
+            result.update(setup_world(kwargs))
         elif spec.get("mode") == "interrupted":
             result.update(interrupted_sequence(kwargs, out=out, peer_started=spec["peer_started"]))
         elif spec.get("mode") == "threads":
@@ -158,6 +160,22 @@ def setup_sequence(kwargs: dict[str, object]) -> dict[str, object]:
         "reformed": third.report.attempts[-1].phase == "done" and sizes == third.env.world_size,
         "device": first.device,
         "exported_rank": os.environ.get("RANK"),
+    }
+
+
+def setup_world(kwargs: dict[str, object]) -> dict[str, object]:
+    """setup() once: the world it verified and what it exported."""
+    from distinit.init import setup
+
+    kwargs = {k: v for k, v in kwargs.items() if k != "backend"}
+    env = setup("gloo", **kwargs).env  # type: ignore[arg-type]
+    exported = {name: os.environ.get(name) for name in ("NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK")}
+    return {
+        "ok": True,
+        "world": {k: getattr(env, k) for k in ("rank", "local_rank", "local_world_size", "node_rank", "num_nodes")},
+        "sources": {k: list(v) for k, v in env.sources.items()},
+        "notes": list(env.notes),
+        "exported": exported,
     }
 
 

@@ -71,6 +71,7 @@ class Launcher:
         after: Rank | None = None,
         call_again: bool = False,
         extra: dict[str, Any] | None = None,
+        unset: Sequence[str] = (),
     ) -> Rank:
         name = name or f"rank{rank}-{len(self.ranks)}"
         out = self.tmp_path / f"{name}.json"
@@ -102,6 +103,8 @@ class Launcher:
             TORCH_CPP_LOG_LEVEL="ERROR",
         )
         environ.update(env or {})
+        for name in unset:  # a variable the launcher under test would not set
+            environ.pop(name, None)
         cmd = [*prefix, sys.executable, str(WORKER), json.dumps(spec), str(out)]
         with log.open("wb") as fh:
             proc = subprocess.Popen(cmd, env=environ, stdout=fh, stderr=subprocess.STDOUT)
