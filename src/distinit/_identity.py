@@ -83,7 +83,7 @@ class HostSlot(BaseModel):
 
 
 ConflictKind = Literal[
-    "duplicate_rank", "node_rank_shared", "node_rank_split", "local_ranks", "local_world_size", "num_nodes"
+    "duplicate_rank", "node_rank_shared", "local_ranks", "local_world_size", "num_nodes"
 ]
 
 
@@ -183,21 +183,42 @@ def _hosts(claims: Sequence[RankClaim]) -> tuple[HostSlot, ...]:
     )
 
 
+def _split_by_launcher(claims: Sequence[RankClaim]) -> tuple[list[RankClaim], list[str]]:
+    """Ranks of one machine that the launcher placed on several nodes are several nodes (with a note).
+
+    Two torchrun agents on one machine (``--nnodes 2`` to try a multi-node job), or fake nodes that share
+    hostname and kernel: the identities are equal, the launcher's node ranks are not; the launcher wins.
+    """
+    by_identity: dict[HostIdentity, set[int]] = {}
+    for claim in claims:
+        if claim.node_rank is not None:
+            by_identity.setdefault(claim.identity, set()).add(claim.node_rank)
+    split = {identity for identity, nodes in by_identity.items() if len(nodes) > 1}
+    if not split:
+        return list(claims), []
+    refined = []
+    for claim in claims:
+        if claim.identity in split:
+            name = claim.identity.launcher_node or claim.identity.hostname
+            node = "?" if claim.node_rank is None else str(claim.node_rank)
+            claim = claim.model_copy(
+                update={"identity": claim.identity.model_copy(update={"launcher_node": f"{name}/node{node}"})}
+            )
+        refined.append(claim)
+    notes = [
+        f"ranks on host {identity.launcher_node or identity.hostname} are placed by the launcher on node ranks "
+        f"{sorted(by_identity[identity])}: one machine, several launcher nodes (kept as the launcher says)"
+        for identity in split
+    ]
+    return refined, notes
+
+
 def _node_rank_conflicts(hosts: Sequence[HostSlot], by_rank: Mapping[int, RankClaim]) -> list[Conflict]:
     found = []
     owners: dict[int, list[HostSlot]] = {}
     for host in hosts:
-        claimed = sorted({r for r in (by_rank[rank].node_rank for rank in host.ranks) if r is not None})
-        if len(claimed) > 1:
-            found.append(
-                Conflict(
-                    kind="node_rank_split",
-                    message=f"host {host.label} (ranks {list(host.ranks)}) claims node ranks {claimed}",
-                    ranks=host.ranks,
-                    hosts=(host.label,),
-                )
-            )
-        for node_rank in claimed:
+        # One node rank per host at most: _split_by_launcher made hosts of the launcher's nodes.
+        for node_rank in {r for r in (by_rank[rank].node_rank for rank in host.ranks) if r is not None}:
             owners.setdefault(node_rank, []).append(host)
     for node_rank, sharing in sorted(owners.items()):
         if len(sharing) > 1:
@@ -273,7 +294,8 @@ def group_ranks(claims: Sequence[RankClaim]) -> NodeLayout:
     """Group ``claims`` by host identity and compare the derived layout with what the ranks claim.
 
     Hosts are ordered by their lowest global rank (torchrun's node rank); a host's ranks in ascending order
-    give the local ranks. A rank claimed twice is reported and only its first claim is used.
+    give the local ranks. A rank claimed twice is reported and only its first claim is used. Ranks of one
+    identity that claim several node ranks are several hosts, as the launcher says (with a note).
     """
     by_rank: dict[int, RankClaim] = {}
     conflicts: list[Conflict] = []
@@ -290,10 +312,12 @@ def group_ranks(claims: Sequence[RankClaim]) -> NodeLayout:
             )
         else:
             by_rank[claim.rank] = claim
-    unique = list(by_rank.values())
+    unique, split_notes = _split_by_launcher(list(by_rank.values()))
+    by_rank = {claim.rank: claim for claim in unique}
     hosts = _hosts(unique)
     conflicts.extend(_node_rank_conflicts(hosts, by_rank))
     for host in hosts:
         conflicts.extend(_local_conflicts(host, by_rank))
     conflicts.extend(_num_nodes_conflict(hosts, unique))
-    return NodeLayout(hosts=hosts, conflicts=tuple(conflicts), notes=tuple(_shared_kernel_notes(hosts)))
+    notes = (*split_notes, *_shared_kernel_notes(hosts))
+    return NodeLayout(hosts=hosts, conflicts=tuple(conflicts), notes=notes)

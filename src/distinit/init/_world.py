@@ -24,7 +24,7 @@ import torch.distributed as dist
 from pydantic import ValidationError
 
 from distinit._duration import to_timedelta
-from distinit._identity import HostIdentity, NodeLayout, RankClaim, group_ranks, local_identity
+from distinit._identity import HostIdentity, HostSlot, NodeLayout, RankClaim, group_ranks, local_identity
 from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError, RendezvousError
 
@@ -108,36 +108,6 @@ def exchange(
     return [_decode(data[i * ROW : (i + 1) * ROW], i, rank=claim.rank) for i in range(world_size)]
 
 
-def _split_by_launcher(claims: Sequence[RankClaim]) -> tuple[list[RankClaim], list[str]]:
-    """Ranks of one machine that the launcher placed on several nodes are several nodes (with a note).
-
-    Two torchrun agents on one machine (``--nnodes 2`` to try a multi-node job), or fake nodes that share
-    hostname and kernel: the identities are equal, the launcher's node ranks are not; the launcher wins.
-    """
-    by_identity: dict[HostIdentity, set[int]] = {}
-    for claim in claims:
-        if claim.node_rank is not None:
-            by_identity.setdefault(claim.identity, set()).add(claim.node_rank)
-    split = {identity for identity, nodes in by_identity.items() if len(nodes) > 1}
-    if not split:
-        return list(claims), []
-    refined = []
-    for claim in claims:
-        if claim.identity in split:
-            name = claim.identity.launcher_node or claim.identity.hostname
-            node = "?" if claim.node_rank is None else str(claim.node_rank)
-            claim = claim.model_copy(
-                update={"identity": claim.identity.model_copy(update={"launcher_node": f"{name}/node{node}"})}
-            )
-        refined.append(claim)
-    notes = [
-        f"ranks on host {identity.launcher_node or identity.hostname} are placed by the launcher on node ranks "
-        f"{sorted(by_identity[identity])}: one machine, several launcher nodes (kept as the launcher says)"
-        for identity in split
-    ]
-    return refined, notes
-
-
 def _out_of_range(layout: NodeLayout, claimed: Mapping[HostIdentity, int]) -> list[str]:
     """Node ranks claimed beyond the hosts there are (``NODE_RANK=3`` in a world of two hosts)."""
     return [
@@ -176,9 +146,8 @@ def settle(env: DistEnv, claims: Sequence[RankClaim]) -> DistEnv:
         ConflictingEnvError: a node rank, local rank, local world size or node count of the environment
             disagrees with the hosts the ranks run on.
     """
-    refined, notes = _split_by_launcher(claims)
-    layout = group_ranks(refined)
-    claimed = {c.identity: c.node_rank for c in refined if c.node_rank is not None}
+    layout = group_ranks(claims)
+    claimed = {h.identity: n for h in layout.hosts if (n := _claimed(h, claims)) is not None}
     extra = _out_of_range(layout, claimed)
     if layout.conflicts or extra:
         raise _conflict_error(layout, extra, env.world_size)
@@ -197,8 +166,13 @@ def settle(env: DistEnv, claims: Sequence[RankClaim]) -> DistEnv:
             fields[field] = value
             sources[field] = (SOURCE,)
     fields["sources"] = sources
-    fields["notes"] = (*env.notes, *notes, *layout.notes)
+    fields["notes"] = (*env.notes, *layout.notes)
     return DistEnv.model_validate(fields)
+
+
+def _claimed(host: HostSlot, claims: Sequence[RankClaim]) -> int | None:
+    """The node rank the ranks of ``host`` claim (one, or the layout would hold a conflict), if any."""
+    return next((c.node_rank for c in claims if c.rank in host.ranks and c.node_rank is not None), None)
 
 
 def _node_ranks(layout: NodeLayout, claimed: Mapping[HostIdentity, int]) -> dict[str, int]:

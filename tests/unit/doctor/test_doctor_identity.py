@@ -61,10 +61,19 @@ def test_local_world_size_and_num_nodes_disagreements() -> None:
     assert kinds["num_nodes"].ranks == (0,) and "2 hosts" in kinds["num_nodes"].message
 
 
-def test_one_host_split_across_node_ranks() -> None:
+def test_one_machine_split_across_node_ranks_follows_the_launcher() -> None:
+    # Two torchrun agents on one machine (--nnodes 2 to try a multi-node job): two nodes, with a note.
     a = host("a")
-    layout = group_ranks([claim(0, a, node_rank=0), claim(1, a, node_rank=1)])
-    assert [c.kind for c in layout.conflicts] == ["node_rank_split"]
+    layout = group_ranks([claim(r, a, node_rank=r // 2, local_rank=r % 2) for r in range(4)])
+    assert layout.conflicts == ()
+    assert [h.ranks for h in layout.hosts] == [(0, 1), (2, 3)]
+    assert any("several launcher nodes" in note for note in layout.notes)
+
+
+def test_one_machine_split_with_wrong_local_ranks_is_still_a_conflict() -> None:
+    a = host("a")
+    layout = group_ranks([claim(0, a, node_rank=0, local_rank=0), claim(1, a, node_rank=1, local_rank=1)])
+    assert [c.kind for c in layout.conflicts] == ["local_ranks"]
 
 
 def test_a_rank_claimed_twice_is_reported_and_the_first_claim_kept() -> None:
