@@ -40,6 +40,7 @@ def run(session: Rendezvous) -> None:
         handover=session.handover,
         overrun=functools.partial(_overrun, session),
         interrupted=functools.partial(_interrupted, session),
+        early=session.watch.verdict,
     )
 
 

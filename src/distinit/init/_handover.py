@@ -29,6 +29,8 @@ from distinit.errors import RendezvousError
 #: Seconds past the deadline that the caller waits for a rendezvous thread stuck in a native call before
 #: it raises anyway (torch's store client has no receive timeout: a frozen store host blocks it forever).
 OVERRUN_GRACE = 2.0
+#: How often the caller asks for an early verdict while the rendezvous thread runs.
+EARLY_POLL = 0.25
 
 
 class Abandoned(Exception):
@@ -83,13 +85,16 @@ def run_guarded(
     handover: Handover,
     overrun: Callable[[threading.Thread], BaseException],
     interrupted: Callable[[threading.Thread, bool], None],
+    early: Callable[[], BaseException | None] = lambda: None,
 ) -> None:
     """Run ``body`` in a daemon thread; wait for it until :data:`OVERRUN_GRACE` past ``deadline_at``.
 
     ``body``'s exception is raised here. If the thread is still blocked at the bound, the rendezvous is
     abandoned and ``overrun(thread)`` gives the error to raise. If the wait itself is interrupted, the
     rendezvous is abandoned, ``interrupted(thread, formed)`` runs (``formed``: the group formed at that very
-    moment, so the caller must undo it) and the interruption propagates.
+    moment, so the caller must undo it) and the interruption propagates. ``early()`` is asked every
+    :data:`EARLY_POLL` s: a verdict a peer reached while the thread is blocked in a native call (see
+    :mod:`distinit.init._init_verdict`); it is raised at once and the blocked thread left behind.
     """
     outcome: list[BaseException] = []
 
@@ -101,11 +106,17 @@ def run_guarded(
 
     thread = threading.Thread(target=capture, name=name, daemon=True)
     thread.start()
+    end = deadline_at + OVERRUN_GRACE
+    verdict: BaseException | None = None
     try:
-        thread.join(wait_bound(deadline_at + OVERRUN_GRACE - time.monotonic()))
+        while thread.is_alive() and (verdict := early()) is None and (left := end - time.monotonic()) > 0:
+            thread.join(wait_bound(min(left, EARLY_POLL)))
     except BaseException:
         interrupted(thread, not handover.abandon())
         raise
+    if thread.is_alive() and verdict is not None and handover.abandon():
+        leave_behind(thread, f"{name}: still in a native call after a peer's verdict", stuck=True)
+        raise verdict
     if thread.is_alive():
         if not handover.abandon():
             thread.join()  # formed just now: only the bookkeeping is left

@@ -131,6 +131,58 @@ def bad_interface(*, variable: str, value: str, available: Sequence[str], rank: 
     )
 
 
+#: Why gloo advertises a loopback address (both the pre-flight finding and the connectFullMesh failure).
+LOOPBACK_WHY = (
+    "without GLOO_SOCKET_IFNAME gloo advertises the first address the hostname resolves to, and /etc/hosts maps "
+    "the hostname to a loopback address (Debian and Ubuntu write `127.0.1.1 <hostname>`); GLOO_SOCKET_IFNAME=lo "
+    "does the same. A peer on another host that connects to it reaches its own loopback."
+)
+
+
+def loopback_fix(*, host: str, route: str | None, interfaces: Sequence[tuple[str, str]]) -> str:
+    """The fix for the loopback trap: the interface to name (``route``: the one that reaches MASTER_ADDR)."""
+    shown = ", ".join(f"{name} {address}" for name, address in interfaces[:6]) or "no interface with an address"
+    example = route or (interfaces[0][0] if interfaces else "<interface>")
+    return (
+        f"`export GLOO_SOCKET_IFNAME={example}` on every host, naming the interface that carries traffic between "
+        f"the hosts ({host} has: {shown}); or map the hostname to that interface's address in /etc/hosts instead "
+        "of 127.0.1.1. Fake hosts that share one machine's network may set GLOO_SOCKET_IFNAME=lo."
+    )
+
+
+def loopback_advertised(
+    *, rank: int, hostname: str, resolved: Sequence[str], address: str, evidence: str, fix: str
+) -> RendezvousError:
+    """Pre-flight: gloo would advertise the loopback ``address`` while the world spans hosts (``evidence``)."""
+    resolves = f"resolves to {', '.join(resolved)}" if resolved else "resolves to no address that binds"
+    return RendezvousError(
+        f"rank {rank}: gloo would advertise the loopback address {address} to the other ranks: hostname "
+        f"{hostname!r} {resolves} and GLOO_SOCKET_IFNAME is unset, but the world spans several hosts "
+        f"({evidence}). Ranks on other hosts would fail with `Gloo connectFullMesh failed ... Connection "
+        f"refused, remote=[{address}]` or wait for a connection that never comes. Not retried.",
+        rank=rank,
+        why=LOOPBACK_WHY,
+        fix=fix,
+    )
+
+
+def loopback_mesh(
+    *, rank: int, host: str, remote: str, evidence: str, fix: str, master: str, generation: int
+) -> RendezvousError:
+    """Gloo's connectFullMesh failed connecting to a loopback ``remote`` in a world that spans hosts."""
+    return RendezvousError(
+        f"rank {rank} ({host}): gloo's connectFullMesh (rendezvous {master}, generation {generation}) could not "
+        f"connect to a peer at {remote}, a loopback "
+        f"address, in a world that spans several hosts ({evidence}): a rank advertised its loopback address, so "
+        "its peers on other hosts connect to themselves. Not retried: every attempt would fail the same way.",
+        rank=rank,
+        why=LOOPBACK_WHY,
+        fix=fix,
+        master=master,
+        generation=generation,
+    )
+
+
 def backend_unavailable(*, backend: str, rank: int) -> RendezvousError:
     """Pre-flight: torch cannot provide ``backend`` here."""
     return RendezvousError(

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
+from distinit.env import DistEnv
 from distinit.env._model import master_addr_fix
 from distinit.env._port import check_port
 from distinit.errors import IncompleteEnvError
-from distinit.init import _messages
+from distinit.init import _loopback, _messages
 
 #: A Slurm hostlist (``dnode[1-2]``, ``dnode[01,03]``) or a comma-separated list of hosts; an IPv6
 #: literal in brackets (``[::1]``) holds colons, never only digits, commas and dashes.
@@ -90,6 +91,41 @@ def check_interfaces(backend: str, environ: Mapping[str, str], *, rank: int) -> 
             ok = wanted in names if (exact or backend == "gloo") else any(n.startswith(wanted) for n in names)
             if not ok:
                 raise _messages.bad_interface(variable=variable, value=value, available=names, rank=rank)
+
+
+def check_advertised_address(backend: str, world: DistEnv, environ: Mapping[str, str]) -> None:
+    """Refuse a world spanning hosts where gloo would advertise a loopback address (the 127.0.1.1 hostname trap).
+
+    Checked only for gloo with ``GLOO_SOCKET_IFNAME`` unset (an explicit choice is the user's), and only
+    when the hostname resolves to loopback (one lookup, which gloo makes anyway). "Spans hosts" is
+    :func:`~distinit.init._loopback.spans_hosts`: a loopback MASTER_ADDR or a launcher that puts the whole
+    world on one node is never an alarm. An error rather than a warning: the advertised address is
+    unreachable from every other host, so init fails, or works only while every peer's address happens to
+    sort below 127.x (gloo's connect order), and breaks once one does not.
+
+    Raises:
+        RendezvousError: gloo would advertise loopback in a world that spans hosts (names the fix).
+    """
+    if backend != "gloo" or world.world_size == 1 or environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    advertised = _loopback.advertised_by_hostname(socket.gethostname())
+    if not advertised.loopback:
+        return
+    evidence = _loopback.world_spans_hosts(world)
+    if evidence is None:
+        return
+    raise _messages.loopback_advertised(
+        rank=world.rank,
+        hostname=advertised.hostname,
+        resolved=advertised.resolved,
+        address=advertised.address,
+        evidence=evidence,
+        fix=_messages.loopback_fix(
+            host=advertised.hostname,
+            route=_loopback.route_interface(world.master_addr, world.master_port),
+            interfaces=_loopback.interfaces(),
+        ),
+    )
 
 
 def check_existing(*, backend: str, rank: int, world_size: int) -> bool:

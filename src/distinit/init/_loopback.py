@@ -1,0 +1,223 @@
+"""gloo's advertised address and the loopback trap: what this host would advertise, and whether it can work.
+
+With ``GLOO_SOCKET_IFNAME`` unset, torch 2.13 gives gloo this machine's hostname, and gloo advertises the
+first address of ``getaddrinfo(gethostname())`` that binds (torch's ``doesHostnameResolveToUsableAddress``,
+gloo's ``lookupAddrForHostname``); when none does, torch falls back to ``127.0.0.1``. Debian and Ubuntu write
+``127.0.1.1 <hostname>`` to ``/etc/hosts``, so such a host advertises a loopback address. For each pair of
+ranks gloo makes the side with the larger address (then port) connect: a peer on another host told to
+connect to ``127.0.1.1`` reaches its own loopback and fails at once (``Gloo connectFullMesh failed with
+[...] timed out connecting: SO_ERROR: Connection refused, remote=[127.0.1.1]:PORT``), while the advertising
+rank waits for a connection that never comes (measured on torch 2.13: about five times its timeout, then
+``Connect timeout [none]``). On one host loopback is fine, so the trap matters only when the world spans
+hosts (:func:`spans_hosts`).
+
+Stdlib only: interfaces through the kernel's ioctls and ``/proc/net/if_inet6``, no ``ip`` subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import re
+import socket
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from distinit.env import DistEnv
+
+#: torch's fallback when the hostname resolves to no address that binds (ProcessGroupGloo.cpp).
+TORCH_FALLBACK = "127.0.0.1"
+_SIOCGIFADDR = 0x8915
+_IFNAMSIZ = 16
+_INET6 = "/proc/net/if_inet6"
+#: gloo's connect failure names the peer as ``remote=[ADDRESS]:PORT`` (IPv6 too, in brackets).
+_REMOTE = re.compile(r"remote=\[([0-9A-Fa-f:.]+)\]:(\d+)")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback address (``127.0.0.0/8``, ``::1``, ``::ffff:127.x``); False if not an IP."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """What gloo would advertise to its peers from this host, and how it came to that address."""
+
+    hostname: str
+    resolved: tuple[str, ...]  # every address the hostname resolves to, in getaddrinfo order
+    address: str  # the address gloo would advertise
+    source: str  # how: "hostname", "fallback" (torch's 127.0.0.1) or "GLOO_SOCKET_IFNAME='lo'"
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the advertised address is a loopback address."""
+        return is_loopback(self.address)
+
+
+def choose_address(resolved: Sequence[str], binds: Callable[[str], bool]) -> tuple[str, str]:
+    """Gloo's choice among ``resolved``: the first that ``binds``, else torch's fallback; (address, source). Pure."""
+    for address in resolved:
+        if binds(address):
+            return address, "hostname"
+    return TORCH_FALLBACK, "fallback"
+
+
+def advertised_by_hostname(hostname: str) -> Advertised:
+    """What gloo would advertise with ``GLOO_SOCKET_IFNAME`` unset (see the module docstring)."""
+    try:
+        infos = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        infos = []
+    resolved = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+    address, source = choose_address(resolved, _binds)
+    return Advertised(hostname=hostname, resolved=resolved, address=address, source=source)
+
+
+def advertised(environ: Mapping[str, str]) -> Advertised | None:
+    """What gloo would advertise here: from ``GLOO_SOCKET_IFNAME`` (its first interface) or the hostname.
+
+    None when ``GLOO_SOCKET_IFNAME`` names an interface without an IPv4 address (init reports that itself).
+    """
+    value = environ.get("GLOO_SOCKET_IFNAME", "")
+    hostname = socket.gethostname()
+    if not value:
+        return advertised_by_hostname(hostname)
+    name = value.split(",")[0].strip()
+    address = _ipv4(name)
+    if address is None:
+        return None
+    return Advertised(hostname=hostname, resolved=(), address=address, source=f"GLOO_SOCKET_IFNAME={value!r}")
+
+
+def spans_hosts(
+    *,
+    master_addr: str | None,
+    master_ips: Sequence[str] | None,
+    master_local: bool,
+    num_nodes: int | None,
+    local_world_size: int | None,
+    world_size: int,
+    nodes_from: Sequence[str] = (),
+    local_from: Sequence[str] = (),
+) -> str | None:
+    """Why the world spans several hosts (the evidence, in words), or None when it may all be on this one. Pure.
+
+    A MASTER_ADDR that resolves only to loopback means one host: every rank reaches the store through
+    loopback (fake nodes, ``torchrun --standalone``). The launcher's word that the world is on one node
+    wins next, so a NAT'd MASTER_ADDR on one machine is no alarm. Then the launcher's node count, a local
+    world smaller than the world, or a MASTER_ADDR that is not an address of this host (rank 0 is elsewhere).
+    """
+    if master_ips and all(is_loopback(ip) for ip in master_ips):
+        return None
+    if num_nodes == 1 or local_world_size == world_size:
+        return None
+    if num_nodes is not None and num_nodes > 1:
+        named = f", per {', '.join(nodes_from)}" if nodes_from else ""
+        return f"the launcher says {num_nodes} nodes{named}"
+    if local_world_size is not None and local_world_size < world_size:
+        named = f", per {', '.join(local_from)}" if local_from else ""
+        return f"only {local_world_size} of the {world_size} ranks run on this host{named}"
+    if master_ips and not master_local:
+        return f"MASTER_ADDR={master_addr!r} ({', '.join(master_ips[:3])}) is not an address of this host"
+    return None
+
+
+def world_spans_hosts(world: DistEnv) -> str | None:
+    """:func:`spans_hosts` for ``world``, resolving MASTER_ADDR and testing whether it binds here."""
+    ips: list[str] | None = None
+    if world.master_addr:
+        try:
+            infos = socket.getaddrinfo(world.master_addr, None, type=socket.SOCK_STREAM)
+            ips = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        except (OSError, UnicodeError):
+            ips = None  # init names a MASTER_ADDR that does not resolve itself
+    return spans_hosts(
+        master_addr=world.master_addr,
+        master_ips=ips,
+        master_local=any(_binds(ip) for ip in ips or ()),
+        num_nodes=world.num_nodes,
+        local_world_size=world.local_world_size,
+        world_size=world.world_size,
+        nodes_from=world.sources.get("num_nodes", ()),
+        local_from=world.sources.get("local_world_size", ()),
+    )
+
+
+def loopback_remote(text: str) -> str | None:
+    """The loopback peer ``ADDRESS:PORT`` of a gloo ``connectFullMesh`` failure, or None. Pure.
+
+    torch 2.13's text: ``Gloo connectFullMesh failed with [.../pair.cc:152] timed out connecting: SO_ERROR:
+    Connection refused, remote=[127.0.1.1]:18311$1``.
+    """
+    if "connectFullMesh" not in text:
+        return None
+    found = _REMOTE.search(text)
+    if found is None or not is_loopback(found.group(1)):
+        return None
+    return f"{found.group(1)}:{found.group(2)}"
+
+
+def interfaces() -> tuple[tuple[str, str], ...]:
+    """This host's non-loopback interfaces with an address: ``(name, address)``, IPv4 first, then global IPv6."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return ()
+    found = [(name, ip) for name in names if (ip := _ipv4(name)) is not None and not is_loopback(ip)]
+    found.extend(_ipv6())
+    return tuple(found)
+
+
+def route_interface(master_addr: str | None, port: int | None) -> str | None:
+    """The interface this host would use to reach ``master_addr`` (a UDP connect sends nothing), or None."""
+    if not master_addr:
+        return None
+    try:
+        family, _, _, _, target = socket.getaddrinfo(master_addr, port or 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(target)
+            source = str(sock.getsockname()[0])
+    except (OSError, UnicodeError, IndexError):
+        return None
+    return next((name for name, ip in interfaces() if ip == source), None)
+
+
+def _binds(address: str) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _ipv4(name: str) -> str | None:
+    if not name or len(name.encode()) >= _IFNAMSIZ:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            raw = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(raw[20:24])
+
+
+def _ipv6() -> list[tuple[str, str]]:
+    """Global-scope IPv6 addresses from ``/proc/net/if_inet6`` (``hex index prefix scope flags name``)."""
+    found: list[tuple[str, str]] = []
+    with contextlib.suppress(OSError), open(_INET6, encoding="ascii") as lines:
+        for line in lines:
+            fields = line.split()
+            if len(fields) == 6 and fields[3] == "00":
+                ip = str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
+                if not is_loopback(ip):
+                    found.append((fields[5], ip))
+    return found
