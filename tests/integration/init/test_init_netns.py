@@ -68,8 +68,12 @@ def test_30_percent_packet_loss_still_forms_the_world(
     request.addfinalizer(b.close)
     if_a, if_b = a.link(b, loss_percent=30)
     kwargs = {"deadline": 90, "attempt_timeout": 30}
+    # One rank per host: local rank 0 of 1 on each (setup's host-identity check holds the env to that).
+    one = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
     handles = [
-        launcher.start(r, 2, port, addr="10.254.0.1", kwargs=kwargs, prefix=ns.prefix, env={"GLOO_SOCKET_IFNAME": i})
+        launcher.start(
+            r, 2, port, addr="10.254.0.1", kwargs=kwargs, prefix=ns.prefix, env={**one, "GLOO_SOCKET_IFNAME": i}
+        )
         for r, ns, i in ((0, a, if_a), (1, b, if_b))
     ]
     results = [h.result(100) for h in handles]
