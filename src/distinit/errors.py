@@ -224,8 +224,11 @@ class BroadcastMismatchError(BroadcastError):
     ``field`` is what the ranks disagree on: ``"src"``, ``"shape"``, ``"dtype"``, ``"device"``,
     ``"schema"``, ``"keys"``, ``"metadata"``, ``"call"``, ``"sequence"``, ``"argument"``,
     ``"protocol"``, ``"header"`` (a rank sent a header that contradicts itself or exceeds a bound;
-    ``ranks`` names it), ``"size"`` (src sends more than a receiver's ``max_bytes=`` allows); or,
-    raised on the receivers only, ``"payload"`` (src's bytes do not validate; ``ranks`` is src).
+    ``ranks`` names it), ``"size"`` (src sends more than a receiver's ``max_bytes=`` allows),
+    ``"transport"`` (ranks passed different ``via=``, or the shared segment or file of ``via="shm"``/
+    ``"file"`` could not be made); or ``"payload"``: src's bytes do not validate (raised on the receivers
+    only; ``ranks`` is src), or, with ``via="file"``, the file is missing, truncated or fails its checksum
+    (raised on every rank).
     """
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from distinit._duration import to_seconds, to_timedelta
-from distinit.broadcast import _header
+from distinit.broadcast import _digest, _header
 
 
 class CallContext:
@@ -19,6 +19,7 @@ class CallContext:
     __slots__ = (
         "call",
         "comm_device",
+        "digest",
         "global_rank",
         "group",
         "op",
@@ -31,8 +32,8 @@ class CallContext:
         "wait_for",
     )
 
-    def __init__(self, facts: GroupFacts, op: int, src: int, timeout: float | None) -> None:
-        # Four positional arguments, everything else read from `facts`: built on every call (hot path).
+    def __init__(self, facts: GroupFacts, op: int, src: int, timeout: float | None, digest: bool) -> None:
+        # Positional arguments, everything else read from `facts`: built on every call (hot path).
         self.group = facts.group()
         self.size = facts.size
         self.rank = facts.rank  # group-local rank of this process
@@ -48,6 +49,7 @@ class CallContext:
         self.seq = facts.seq
         self.timeout = timeout  # seconds, for messages; None: the process-group timeout
         self.wait_for = to_timedelta(timeout) if timeout is not None else None  # what each wait is given
+        self.digest = digest  # the header travels as one all_reduce of a digest (large groups: _digest.py)
 
     def log_facts(self, **more: object) -> dict[str, Any]:
         """The ``extra=`` of this call's ``broadcast.call`` debug record: the call's facts and ``more``."""
@@ -77,11 +79,13 @@ class GroupFacts:
 
         Raises:
             TypeError: ``timeout`` is not a number of seconds, a ``timedelta`` or None.
-            ValueError: ``timeout`` is not a positive finite number of seconds.
+            ValueError: ``timeout`` is not a positive finite number of seconds, or
+                ``DISTINIT_BROADCAST_DIGEST_FROM`` is not a number of ranks (before the call is counted).
         """
         seconds = None if timeout is None else to_seconds(timeout, "timeout")
+        digest = self.size >= _digest.digest_from()  # the group size alone: every rank takes the same path
         self.seq += 1
-        return CallContext(self, op, src, seconds)
+        return CallContext(self, op, src, seconds, digest)
 
 
 def resolve(group: Any) -> GroupFacts:

@@ -6,7 +6,9 @@ rank's view of the call and all ranks reach the same verdict from the same facts
 same size for every call kind, so ranks that disagree on *which* call they make still exchange
 equal-sized buffers: gloo aborts the process (SIGABRT) when sizes differ, which is the failure we
 exist to prevent. Small payloads (up to :data:`INLINE_BYTES`) ride inside src's row, so a small broadcast costs one
-collective instead of two.
+collective instead of two. Groups of :data:`distinit.broadcast._digest.DIGEST_FROM` ranks or more send their
+rows through one all_reduce of a digest instead (:mod:`distinit.broadcast._digest`), and exchange the rows
+only when that digest shows a difference.
 
 Why all-to-all rather than all_gather or all_reduce (``benchmarks/bench_broadcast.py`` measures the
 header; the primitive comparison is in docs/broadcast.md): gloo's all_gather is a ring (world - 1
@@ -156,7 +158,7 @@ class Scratch:
     def __init__(self, group_size: int) -> None:
         self.buffer = bytearray(group_size * HEADER_BYTES)  # send rows
         self.tensor = torch.frombuffer(self.buffer, dtype=torch.int64)  # pins the size: never resized
-        self.address = _address(self.buffer)
+        self.address = address_of(self.buffer)
         self.recv = bytearray(group_size * HEADER_BYTES)
         self.recv_tensor = torch.frombuffer(self.recv, dtype=torch.int64)
         self.dirty = 0  # inline bytes the previous call left in row 0, zeroed before a shorter payload
@@ -185,6 +187,13 @@ class Exchange:
             if view.inline > 0:  # usually src's row alone
                 start = rank * HEADER_BYTES + FIXED_BYTES
                 self._inline[rank] = bytes(raw[start : start + min(view.inline, INLINE_BYTES)])
+
+    @classmethod
+    def of(cls, views: list[View], inline: dict[int, bytes]) -> Exchange:
+        """An exchange from views and inline payloads known otherwise (the digest path: :mod:`._digest`)."""
+        made = cls.__new__(cls)
+        made.views, made._inline = views, inline
+        return made
 
     def inline_bytes(self, rank: int) -> bytes:
         """The inline bytes in ``rank``'s row (the row says how many are valid)."""
@@ -243,7 +252,7 @@ def exchange(
         recv = bytearray(total)
         recv_t = torch.frombuffer(recv, dtype=torch.int64)
         send = bytearray(HEADER_BYTES)
-        _fill_row(send, _address(send), 0, words, inline)
+        _fill_row(send, address_of(send), 0, words, inline)
         row = torch.frombuffer(send, dtype=torch.int64)
         out = recv_t if device.type == "cpu" else torch.empty(total // 8, dtype=torch.int64, device=device)
         wait(_all_gather_single(out, row.to(device), group), wait_for)
@@ -257,7 +266,7 @@ def exchange(
     else:
         send, recv = bytearray(total), bytearray(total)
         send_t, recv_t = torch.frombuffer(send, dtype=torch.int64), torch.frombuffer(recv, dtype=torch.int64)
-        _fill_row(send, _address(send), 0, words, inline)
+        _fill_row(send, address_of(send), 0, words, inline)
     for r in range(1, group_size):
         send[r * HEADER_BYTES : (r + 1) * HEADER_BYTES] = send[:HEADER_BYTES]
     wait(_all_to_all(recv_t, send_t, group), wait_for)  # on failure the scratch stays taken: gloo may hold it
@@ -274,19 +283,28 @@ def _fill_row(send: bytearray, address: int, dirty: int, words: list[int], inlin
     never carries stale data.
     """
     _FIXED.pack_into(send, 0, *words)
-    length = 0
+    length = put_inline(send, address, FIXED_BYTES, inline)
+    if dirty > length:
+        send[FIXED_BYTES + length : FIXED_BYTES + dirty] = bytes(dirty - length)
+    return length
+
+
+def put_inline(buf: bytearray, address: int, offset: int, inline: torch.Tensor | bytes | None) -> int:
+    """Copy an inline payload (bytes, or a tensor's raw bytes) into ``buf`` at ``offset``; returns its length.
+
+    ``address`` is that of ``buf`` (:func:`address_of`); the caller checked that the payload fits.
+    """
     if isinstance(inline, torch.Tensor):
         if not (inline.is_cpu and inline.is_contiguous()) or inline.is_conj() or inline.is_neg():
             inline = inline.detach().resolve_conj().resolve_neg().to("cpu").contiguous()
         length = inline.nbytes
         if length:
-            ctypes.memmove(address + FIXED_BYTES, inline.data_ptr(), length)
-    elif inline:
-        length = len(inline)
-        send[FIXED_BYTES : FIXED_BYTES + length] = inline
-    if dirty > length:
-        send[FIXED_BYTES + length : FIXED_BYTES + dirty] = bytes(dirty - length)
-    return length
+            ctypes.memmove(address + offset, inline.data_ptr(), length)
+        return int(length)
+    if inline:
+        buf[offset : offset + len(inline)] = inline
+        return len(inline)
+    return 0
 
 
 #: Exchange header rows with an all_gather on CPU (gloo) too. Off: gloo's all-to-all is 2-4x cheaper at small
@@ -305,7 +323,7 @@ def _gathers(device: torch.device) -> bool:
     return device.type != "cpu" or ALL_GATHER_ON_CPU
 
 
-def _address(buf: bytearray) -> int:
+def address_of(buf: bytearray) -> int:
     """The address of a bytearray's memory (valid while it is not resized; ours never are)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +12,7 @@ from distinit.broadcast import _flat, _header, _mismatch
 from distinit.broadcast._group import resolve
 from distinit.broadcast._layout import layout
 from distinit.broadcast._state_dict import bucket_size, run
+from distinit.broadcast._via import via_option
 
 
 def module_tensors(model: torch.nn.Module) -> tuple[list[str], list[torch.Tensor]]:
@@ -53,6 +55,9 @@ def broadcast_module(
     group: Any = None,
     bucket_bytes: int | None = None,
     timeout: float | timedelta | None = None,
+    via: str = "network",
+    path: str | os.PathLike[str] | None = None,
+    keep: bool = False,
 ) -> None:
     """Copy ``model``'s parameters and buffers from group rank ``src`` into every rank's model, in place.
 
@@ -67,15 +72,21 @@ def broadcast_module(
         group: the process group; ``None`` means the default group.
         bucket_bytes: the size cap of packed buckets (default 4 MiB).
         timeout: seconds (or a timedelta) to wait for each collective of this call.
+        via: ``"network"`` (default), ``"shm"``, ``"file"`` or ``"auto"``, the same on every rank (see
+            docs/broadcast.md, "Transports"); a flattened module moves zero-copy on the network only.
+        path: with ``via="file"``, a directory every rank sees.
+        keep: with ``via="file"``, src leaves the file in place.
 
     Raises:
         BroadcastMismatchError: on every rank, when the models differ in names, dtypes or shapes, or
-            ranks disagree on src or call order.
+            ranks disagree on src, call order or ``via``, or a segment or file failed.
         BroadcastTimeoutError: ``timeout`` expired or a peer died (on the waiting rank).
     """
     bucket = bucket_size(bucket_bytes)
+    option = via_option(via, path=path, keep=keep)
     ctx = resolve(group).next_call(op=_header.OP_MODULE, src=src, timeout=timeout)
-    run(ctx, module_tensors(model), status=_mismatch.OK, bucket_bytes=bucket, device=None, flat=_flat.registered(model))
+    flat = _flat.registered(model)
+    run(ctx, module_tensors(model), status=_mismatch.OK, bucket_bytes=bucket, device=None, flat=flat, via=option)
 
 
 def flatten_module_(model: torch.nn.Module) -> list[torch.Tensor]:

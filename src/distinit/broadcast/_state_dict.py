@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -25,8 +26,10 @@ from distinit.broadcast._dtypes import DTYPE_OF_CODE, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
 from distinit.broadcast._layout import Entry, Layout, decode_meta, diff_metadata, encode_meta, entries, layout
+from distinit.broadcast._routes import move
 from distinit.broadcast._staging import staged_plan
 from distinit.broadcast._transport import allocate, broadcast_bytes, from_bytes, missing_dtype, to_bytes, wait_or_raise
+from distinit.broadcast._via import NETWORK, Via, check_agreed, via_option
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -42,12 +45,14 @@ def run(
     bucket_bytes: int,
     device: torch.device | None,
     flat: _flat.FlatState | None = None,
+    via: Via = NETWORK,
 ) -> Named:
     """The protocol of both calls; returns the (names, tensors) this rank ends up with.
 
     ``mine``: this rank's tensors (None: a receiver that allocates from src's metadata).
     ``flat``: the module's flat state (:func:`distinit.flatten_module_`); the zero-copy path runs when
-    every rank has one that matches the call's layout on the collective device.
+    every rank has one that matches the call's layout on the collective device (network only).
+    ``via``: the transport (:mod:`distinit.broadcast._routes`), the same on every rank (checked).
     """
     lay = layout(*mine) if mine is not None and status == _mismatch.OK else None
     if lay is not None and lay.unsupported:
@@ -61,20 +66,26 @@ def run(
     inline = meta if meta and len(meta) <= _header.INLINE_BYTES else None
     exchanged = handshake(
         ctx,
-        _row(ctx, lay, status=status, meta=meta, inline=inline is not None, flat=flat is not None),
+        _row(ctx, lay, status=status, meta=meta, inline=inline is not None, flat=flat is not None, via=via),
         inline=inline,
         explain=functools.partial(_explain, ctx, mine),
     )
     views = exchanged.views
-    zero_copy = flat is not None and all(v.flags & _header.FLAG_FLAT for v in views)
+    check_agreed(ctx, views)
+    zero_copy = via.name == "network" and flat is not None and all(v.flags & _header.FLAG_FLAT for v in views)
     if logger.isEnabledFor(logging.DEBUG):
         _log(ctx, views[ctx.src], zero_copy=zero_copy)
     if zero_copy and mine is not None and flat is not None:
         _flat.transfer(ctx, flat, mine[1], send=ctx.rank == ctx.src)
         return mine
-    if not all(v.has_buffer for v in views):  # some rank allocates from src's metadata: every rank checks it
-        src_meta = _src_metadata(ctx, exchanged, meta)
-        mine = mine if mine is not None else _allocate(ctx, src_meta, device)
+    # Some rank allocates from src's metadata: every rank checks it.
+    src_meta = _src_metadata(ctx, exchanged, meta) if not all(v.has_buffer for v in views) else None
+    if via.name != "network":
+        moved = _move(ctx, via, mine, src_meta, device)
+        if moved is not None:
+            return moved
+    if mine is None and src_meta is not None:
+        mine = _allocate(ctx, src_meta, device)
     if mine is None:  # unreachable: the verdict checked src's status and _allocate returned
         raise RuntimeError(f"{ctx.call}: no tensors to move, but the verdict let the call through")
     plan = staged_plan(lay or layout(*mine), mine[1], bucket_bytes)
@@ -82,7 +93,30 @@ def run(
     return mine
 
 
-def _row(ctx: CallContext, lay: Layout | None, *, status: int, meta: bytes, inline: bool, flat: bool) -> list[int]:
+def _move(
+    ctx: CallContext, via: Via, mine: Named | None, src_meta: list[Entry] | None, device: torch.device | None
+) -> Named | None:
+    """The tensors moved by shared memory or a file (None: the agreed route is the network after all)."""
+    if mine is not None:
+        names, spec = mine[0], [(t.dtype, tuple(t.shape)) for t in mine[1]]
+        outs: list[torch.Tensor | None] = list(mine[1]) if ctx.rank != ctx.src else [None] * len(spec)
+    else:
+        meta = src_meta or []
+        names = [key for key, _, _ in meta]
+        spec = [(DTYPE_OF_CODE.get(code, torch.uint8), tuple(shape)) for _, code, shape in meta]
+        missing = [(key, code) for key, code, _ in meta if code not in DTYPE_OF_CODE]
+        if missing:  # a dtype the protocol defines but this torch lacks: refuse before the transport starts
+            raise missing_dtype(ctx, missing[0][1], repr(missing[0][0]))
+        outs = [None] * len(spec)
+        if device is not None and device.type != "cpu":
+            outs = [allocate(ctx, shape, dtype=dtype, device=device) for dtype, shape in spec]
+    moved = move(ctx, via, spec, names, mine[1] if mine is not None and ctx.rank == ctx.src else None, outs)
+    return (names, moved) if moved is not None else None
+
+
+def _row(
+    ctx: CallContext, lay: Layout | None, *, status: int, meta: bytes, inline: bool, flat: bool, via: Via
+) -> list[int]:
     return _header.fixed_words(
         seq=ctx.seq,
         op=ctx.op,
@@ -95,7 +129,7 @@ def _row(ctx: CallContext, lay: Layout | None, *, status: int, meta: bytes, inli
         aux_nbytes=len(meta),
         inline=len(meta) if inline else _header.NOT_INLINE,
         global_rank=ctx.global_rank,
-        flags=_header.FLAG_FLAT if flat else 0,
+        flags=(_header.FLAG_FLAT if flat else 0) | via.flags,
     )
 
 
@@ -264,6 +298,10 @@ def broadcast_state_dict(
     bucket_bytes: int | None = None,
     device: torch.device | str | None = None,
     timeout: float | timedelta | None = None,
+    via: str = "network",
+    path: str | os.PathLike[str] | None = None,
+    zero_copy: bool = False,
+    keep: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Broadcast a flat ``{name: tensor}`` state dict from group rank ``src``, checked first.
 
@@ -282,6 +320,10 @@ def broadcast_state_dict(
         device: where receivers passing ``None`` allocate (default: CPU on gloo, the current CUDA
             device on NCCL).
         timeout: seconds (or a timedelta) to wait for each collective of this call.
+        via: the transport, as for :func:`~distinit.broadcast.broadcast_tensor`.
+        path: with ``via="file"``, a directory every rank sees.
+        zero_copy: with shm, receivers passing ``None`` get copy-on-write views of the host's one copy.
+        keep: with ``via="file"``, src leaves the file in place.
 
     Returns:
         On src, a dict of its own tensors; on receivers, the filled or newly allocated tensors.
@@ -290,10 +332,11 @@ def broadcast_state_dict(
         BroadcastMismatchError: on every rank, when ranks disagree on src, call order, key set, or a
             tensor's dtype or shape, a rank passed something that is not a ``Mapping[str, Tensor]``,
             or src's header or metadata is malformed (``field="header"``). On a receiver alone, when
-            it cannot allocate what src announced (``field="size"``).
+            it cannot allocate what src announced (``field="size"``); ``field="transport"``/``"payload"``.
         BroadcastTimeoutError: ``timeout`` expired or a peer died (on the waiting rank).
     """
     bucket = bucket_size(bucket_bytes)
+    option = via_option(via, path=path, zero_copy=zero_copy, keep=keep)
     ctx = resolve(group).next_call(op=_header.OP_STATE_DICT, src=src, timeout=timeout)
     mine: Named | None = None
     if state_dict is None:
@@ -302,7 +345,6 @@ def broadcast_state_dict(
         status = status_of_mapping(state_dict)
         if status == _mismatch.OK:
             mine = list(state_dict.keys()), list(state_dict.values())
-    names, tensors = run(
-        ctx, mine, status=status, bucket_bytes=bucket, device=torch.device(device) if device is not None else None
-    )
+    target = torch.device(device) if device is not None else None
+    names, tensors = run(ctx, mine, status=status, bucket_bytes=bucket, device=target, via=option)
     return dict(zip(names, tensors, strict=True))

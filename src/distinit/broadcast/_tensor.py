@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -12,6 +13,7 @@ from distinit.broadcast import _header, _mismatch
 from distinit.broadcast._dtypes import DTYPE_OF_CODE, describe, device_type_code, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
+from distinit.broadcast._routes import move
 from distinit.broadcast._transport import (
     allocate,
     broadcast_bytes,
@@ -21,6 +23,7 @@ from distinit.broadcast._transport import (
     wait_or_raise,
     wire_view,
 )
+from distinit.broadcast._via import Spec, Via, check_agreed, via_option
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -63,6 +66,10 @@ def broadcast_tensor(
     group: Any = None,
     device: torch.device | str | None = None,
     timeout: float | timedelta | None = None,
+    via: str = "network",
+    path: str | os.PathLike[str] | None = None,
+    zero_copy: bool = False,
+    keep: bool = False,
 ) -> torch.Tensor:
     """Broadcast a tensor from group rank ``src``, checked on every rank first.
 
@@ -81,6 +88,11 @@ def broadcast_tensor(
             tensor is on CUDA and this rank has one (or the backend is NCCL), else CPU.
         timeout: seconds (or a timedelta) to wait for each collective of this call; ``None`` waits
             for the process-group timeout. After a timeout the group is unusable.
+        via: ``"network"`` (default), ``"shm"``, ``"file"`` or ``"auto"``, the same on every rank (see
+            docs/broadcast.md, "Transports"); up to 4 KiB the payload rides in the header anyway.
+        path: with ``via="file"``, a directory every rank sees.
+        zero_copy: with shm, receivers passing ``None`` get a copy-on-write view of the host's one copy.
+        keep: with ``via="file"``, src leaves the file in place.
 
     Returns:
         On src, ``tensor`` itself; on receivers, the filled buffer or a new tensor.
@@ -90,25 +102,39 @@ def broadcast_tensor(
             rank passed an unusable argument, or src's header is malformed: raised on every rank of
             the group, before any payload is written. On a receiver alone: this torch lacks src's
             dtype (``field="dtype"``), or it cannot allocate what src announced (``field="size"``).
+            ``field="transport"``/``"payload"`` (every rank): ``via`` differs, or its segment or file failed.
         BroadcastTimeoutError: ``timeout`` expired or a peer died (on the waiting rank).
-        TypeError, ValueError: ``timeout`` is not a positive number of seconds or a timedelta.
+        TypeError, ValueError: a bad ``timeout``, ``via``, ``path``, ``zero_copy`` or ``keep``.
         RuntimeError: torch.distributed is not initialised.
     """
+    option = via_option(via, path=path, zero_copy=zero_copy, keep=keep)
     ctx = resolve(group).next_call(op=_header.OP_TENSOR, src=src, timeout=timeout)
     status = _status_of(tensor, ctx.rank == src)
     usable = tensor if status == _mismatch.OK and isinstance(tensor, torch.Tensor) else None
     nbytes = usable.nbytes if usable is not None else 0
     inline = usable if usable is not None and ctx.rank == src and nbytes <= _header.INLINE_BYTES else None
-    exchanged = handshake(
-        ctx,
-        _row(ctx, usable, status, nbytes=nbytes, inline=inline is not None),
-        inline=inline,  # its raw bytes ride in the header row (staged through CPU when needed)
-        cause=TypeError(_mismatch.STATUS_TEXT[status]) if status else None,
-    )
-    sv = exchanged.views[src]
+    row = _row(ctx, usable, status, nbytes=nbytes, inline=inline is not None, flags=option.flags)
+    exchanged = handshake(ctx, row, inline=inline, cause=TypeError(_mismatch.STATUS_TEXT[status]) if status else None)
+    check_agreed(ctx, exchanged.views)
     if logger.isEnabledFor(logging.DEBUG):
-        _log(ctx, sv)
-    if usable is not None and ctx.rank == src:
+        _log(ctx, exchanged.views[src])
+    return _deliver(ctx, exchanged, option, usable, device)
+
+
+def _deliver(
+    ctx: CallContext,
+    exchanged: _header.Exchange,
+    option: Via,
+    usable: torch.Tensor | None,
+    device: torch.device | str | None,
+) -> torch.Tensor:
+    """Move the payload once the verdict passed: by the agreed transport, inside the header, or one broadcast."""
+    sv = exchanged.views[ctx.src]
+    if option.name != "network" and sv.inline == _header.NOT_INLINE:
+        moved = _move(ctx, option, sv, usable, device)
+        if moved is not None:
+            return moved
+    if usable is not None and ctx.rank == ctx.src:
         if sv.inline == _header.NOT_INLINE:
             wire, _ = wire_view(usable, ctx.comm_device)
             wait_or_raise(broadcast_bytes(wire, ctx), ctx, "payload broadcast")
@@ -116,11 +142,31 @@ def broadcast_tensor(
     return _receive(ctx, exchanged, usable, device)
 
 
-def _row(ctx: CallContext, usable: torch.Tensor | None, status: int, *, nbytes: int, inline: bool) -> list[int]:
+def _move(
+    ctx: CallContext, option: Via, sv: _header.View, usable: torch.Tensor | None, device: torch.device | str | None
+) -> torch.Tensor | None:
+    """The tensor moved by shared memory or a file (None: the agreed route is the network after all)."""
+    dtype = DTYPE_OF_CODE.get(sv.dtype)
+    spec: Spec = [(dtype, tuple(sv.shape))] if dtype is not None else [(torch.uint8, (sv.nbytes,))]
+    out = usable if ctx.rank != ctx.src else None
+    if out is None and ctx.rank != ctx.src and (device is not None or dtype is None) and not option.zero_copy:
+        out = allocate(ctx, spec[0][1], dtype=spec[0][0], device=_receiver_device(device, sv.device, ctx))
+    sources = [usable] if ctx.rank == ctx.src and usable is not None else None
+    moved = move(ctx, option, spec, ["tensor"], sources, [out])
+    if moved is None:
+        return None
+    if dtype is None:
+        raise missing_dtype(ctx, sv.dtype, f"a tensor of shape {list(sv.shape)}")
+    return moved[0]
+
+
+def _row(
+    ctx: CallContext, usable: torch.Tensor | None, status: int, *, nbytes: int, inline: bool, flags: int
+) -> list[int]:
     """This rank's header words: its tensor's dtype, device type, shape and size, or only its status."""
     if usable is None:
         return _header.fixed_words(
-            seq=ctx.seq, op=_header.OP_TENSOR, src=ctx.src, status=status, global_rank=ctx.global_rank
+            seq=ctx.seq, op=_header.OP_TENSOR, src=ctx.src, status=status, global_rank=ctx.global_rank, flags=flags
         )
     return _header.fixed_words(
         seq=ctx.seq,
@@ -134,6 +180,7 @@ def _row(ctx: CallContext, usable: torch.Tensor | None, status: int, *, nbytes: 
         nbytes=nbytes,
         inline=nbytes if inline else _header.NOT_INLINE,
         global_rank=ctx.global_rank,
+        flags=flags,
     )
 
 

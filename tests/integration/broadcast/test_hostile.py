@@ -21,21 +21,31 @@ MIB = 1 << 20
 
 
 def _forge_row(words: dict[int, int], inline: bytes | None = None) -> Callable[[], None]:
-    """Make this rank's next header rows carry ``words`` (and ``inline`` bytes); returns the undo."""
-    from distinit.broadcast import _header
+    """Make this rank's next header rows carry ``words`` (and ``inline`` bytes); returns the undo.
 
-    real = _header.exchange
+    Forges both ways a row travels: the row exchange and, in large groups, the digest all_reduce.
+    """
+    from distinit.broadcast import _digest, _header
 
-    def forged(row: list[int], **kw: Any) -> Any:
-        row = list(row)
-        for index, value in words.items():
-            row[index] = value
-        if inline is not None:
-            kw["inline"] = inline
-        return real(row, **kw)
+    def forging(real: Callable[..., Any]) -> Callable[..., Any]:
+        def forged(row: list[int], **kw: Any) -> Any:
+            row = list(row)
+            for index, value in words.items():
+                row[index] = value
+            if inline is not None:
+                kw["inline"] = inline
+            return real(row, **kw)
 
-    _header.exchange = forged  # type: ignore[assignment]
-    return lambda: setattr(_header, "exchange", real)
+        return forged
+
+    real_exchange, real_agree = _header.exchange, _digest.agree
+    _header.exchange = forging(real_exchange)  # type: ignore[assignment]
+    _digest.agree = forging(real_agree)  # type: ignore[assignment]
+
+    def undo() -> None:
+        _header.exchange, _digest.agree = real_exchange, real_agree  # type: ignore[assignment]
+
+    return undo
 
 
 def _in_step() -> bool:

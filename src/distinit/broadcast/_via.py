@@ -1,0 +1,339 @@
+"""Choosing a transport (``via=``): the option, its agreement on every rank, hosts, and the route all ranks take.
+
+``via`` travels in the header's flags word (bits 8-11), so the header verdict already holds every rank's
+choice; a difference is one more :class:`~distinit.errors.BroadcastMismatchError`, raised on every rank
+before any payload moves. A call that does not take the network path then runs one small all_gather
+(:func:`agree`): each rank's host key (``boot_id`` plus the device of ``/dev/shm``, never
+``LOCAL_WORLD_SIZE``), the free space of its ``/dev/shm`` and a random token. Every rank decides the same
+:class:`Route` from that table (:func:`decide` is pure).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import logging
+import os
+import secrets
+import struct
+from collections.abc import Sequence
+
+import torch
+
+from distinit.broadcast import _header
+from distinit.broadcast._group import CallContext
+from distinit.broadcast._mismatch import Mismatch, ranks_phrase
+from distinit.broadcast._transport import allocate, copy_back, timeout_error
+from distinit.errors import BroadcastMismatchError
+
+logger = logging.getLogger("distinit.broadcast")
+
+VIAS = {"network": 0, "auto": 1, "shm": 2, "file": 3}
+"""``via=`` values and their codes in the header's flags word (0: the default, so old rows read as network)."""
+VIA_SHIFT = 8
+"""The flags word's bits 8-11 carry the code; bit 0 is ``FLAG_FLAT``."""
+AUTO_SHM_MIN_BYTES = 16 << 20
+AUTO_SHM_MIN_RANKS = 4
+"""``via="auto"`` takes shared memory only where it measured faster than the network on the 2-vCPU test machine
+(``benchmarks/bench_broadcast.py --parts via``, docs/broadcast.md "Transports"): some rank asked for
+``zero_copy``, a host holds at least :data:`AUTO_SHM_MIN_RANKS` ranks, and the payload is at least
+:data:`AUTO_SHM_MIN_BYTES`. Copying receivers were slower by shm than by gloo there (two copies and fresh
+tmpfs pages against one loopback copy), so ``auto`` leaves them on the network."""
+SHM_DIR = "/dev/shm"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+ALIGN = 64
+"""Each tensor starts on a 64-byte boundary of a segment or file (any dtype's alignment, one cache line)."""
+
+ROW_WORDS = 6  # host key (2 words), free /dev/shm bytes, token (2 words), zero_copy asked
+
+
+@dataclasses.dataclass(frozen=True)
+class Via:
+    """One rank's transport choice, checked on entry."""
+
+    name: str
+    path: str | None = None
+    zero_copy: bool = False
+    keep: bool = False
+
+    @property
+    def flags(self) -> int:
+        """The header flag bits announcing this choice."""
+        return VIAS[self.name] << VIA_SHIFT
+
+
+NETWORK = Via("network")
+
+
+def via_option(via: object, *, path: object = None, zero_copy: object = False, keep: object = False) -> Via:
+    """``via``, ``path``, ``zero_copy`` and ``keep`` checked and bundled (local argument errors, like ``timeout``).
+
+    Raises:
+        TypeError: a value of the wrong type.
+        ValueError: an unknown ``via``, ``path`` missing for (or given without) ``via="file"``,
+            ``zero_copy`` without shared memory, ``keep`` without a file.
+    """
+    if not isinstance(via, str) or via not in VIAS:
+        raise ValueError(f"via must be one of {sorted(VIAS)}, got {via!r}")
+    for name, value in (("zero_copy", zero_copy), ("keep", keep)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a directory path (str or os.PathLike), got {type(path).__name__}")
+    if (via == "file") != (path is not None):
+        raise ValueError(f"path= is required with via='file' and only with it (got via={via!r}, path={path!r})")
+    if zero_copy and via not in ("shm", "auto"):
+        raise ValueError(f"zero_copy=True needs via='shm' or via='auto' (got via={via!r})")
+    if keep and via != "file":
+        raise ValueError(f"keep=True only applies to via='file' (got via={via!r})")
+    return Via(via, os.fspath(path) if path is not None else None, bool(zero_copy), bool(keep))
+
+
+def check_agreed(ctx: CallContext, views: Sequence[_header.View]) -> None:
+    """Raise when ranks passed different ``via=``, from the header views (no extra collective).
+
+    Row exchanges (groups below the digest threshold) hold every rank's flags. The digest path of large
+    groups compares every flag bit but "flattened" across ranks: when they agree, its summary views carry
+    the one agreed value; when they differ, the call fell back to the full rows. Either way every rank sees
+    every rank's ``via`` and raises the same error.
+
+    Raises:
+        BroadcastMismatchError: ``field="transport"``; ``ranks`` are those that differ from src.
+    """
+    names = {code: name for name, code in VIAS.items()}
+    codes = {r: (view.flags >> VIA_SHIFT) & 0xF for r, view in enumerate(views)}
+    if len(set(codes.values())) == 1:
+        return
+    raise Mismatch(
+        call=ctx.call,
+        seq=ctx.seq,
+        size=ctx.size,
+        src=ctx.src,
+        field="transport",
+        ranks=tuple(r for r, code in codes.items() if code != codes[ctx.src]),
+        views={r: f"passed via={names.get(code, str(code))!r}" for r, code in codes.items()},
+        why="every rank must move the payload the same way: the transports take part in different collectives",
+        fix="pass the same via= on every rank (the per-rank path= and zero_copy= may differ)",
+    ).error()
+
+
+def host_key() -> tuple[int, int]:
+    """Two words naming this process's host: ``boot_id`` and the device of ``/dev/shm`` (NCCL's own test).
+
+    A private mount namespace with its own ``/dev/shm`` (a container) is another host: its segments are
+    not ours. Without a readable boot_id the key is random, so this rank shares memory with no one.
+    """
+    try:
+        with open(BOOT_ID, encoding="ascii") as fh:
+            boot = fh.read().strip()
+        dev = os.stat(SHM_DIR).st_dev
+    except OSError:
+        return struct.unpack("<qq", secrets.token_bytes(16))
+    digest = hashlib.blake2b(f"{boot}\0{dev}".encode(), digest_size=16).digest()
+    return struct.unpack("<qq", digest)
+
+
+def shm_free() -> int:
+    """Bytes an unprivileged writer may still allocate in ``/dev/shm`` (statvfs), -1 if unknown."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """How one call moves its payload: the same on every rank.
+
+    ``hosts``: each host's group ranks, its leader first (src on its own host; else the lowest rank);
+    src's host comes first. ``token``: src's random hex, part of every segment and file name.
+    """
+
+    kind: str  # "network", "shm" or "file"
+    hosts: tuple[tuple[int, ...], ...]
+    token: str
+    note: str = ""
+
+    def host_of(self, rank: int) -> int:
+        """The index of ``rank``'s host in :attr:`hosts`."""
+        return next(i for i, ranks in enumerate(self.hosts) if rank in ranks)
+
+
+def group_hosts(keys: Sequence[tuple[int, int]], src: int) -> tuple[tuple[int, ...], ...]:
+    """Ranks grouped by host key, leader first; src's host first, the others by their lowest rank."""
+    by_key: dict[tuple[int, int], list[int]] = {}
+    for rank, key in enumerate(keys):
+        by_key.setdefault(key, []).append(rank)
+    hosts = [ranks if src not in ranks else [src, *(r for r in ranks if r != src)] for ranks in by_key.values()]
+    return tuple(tuple(h) for h in sorted(hosts, key=lambda h: (h[0] != src, min(h))))
+
+
+def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int) -> Route:
+    """The route every rank takes, from every rank's agreement row (pure: the same on every rank).
+
+    ``rows[r]``: rank r's host key (2 words), its free /dev/shm bytes, its token (2 words; src's is used)
+    and whether it asked for ``zero_copy`` (1/0).
+    """
+    hosts = group_hosts([(int(row[0]), int(row[1])) for row in rows], src)
+    token = f"{int(rows[src][3]) & (2**63 - 1):016x}{int(rows[src][4]) & (2**63 - 1):016x}"
+    if via == "file":
+        return Route("file", hosts, token)
+    shared = [h for h in hosts if len(h) > 1]
+    note = ""
+    if total == 0:
+        note = "nothing to move"
+    elif not shared:
+        note = f"no two of the {len(rows)} ranks share a host (boot_id and /dev/shm device differ)"
+    elif via == "auto" and not _auto_pays(rows, shared, total):
+        note = (
+            f"via='auto' keeps the network unless a rank asks for zero_copy, a host holds >= {AUTO_SHM_MIN_RANKS} "
+            f"ranks and the payload is >= {AUTO_SHM_MIN_BYTES} bytes ({total} bytes, hosts of "
+            f"{max(len(h) for h in shared)} ranks at most)"
+        )
+    else:
+        short = [h[0] for h in shared if int(rows[h[0]][2]) < total + ALIGN]
+        if short:
+            free = int(rows[short[0]][2])
+            note = f"{SHM_DIR} of rank {short[0]}'s host has {free} bytes free, the payload needs {total}"
+    return Route("network" if note else "shm", hosts, token, note)
+
+
+def _auto_pays(rows: Sequence[Sequence[int]], shared: Sequence[tuple[int, ...]], total: int) -> bool:
+    """Whether shared memory measured faster than the network for such a call (see :data:`AUTO_SHM_MIN_RANKS`)."""
+    wants_views = any(len(row) > 5 and int(row[5]) for row in rows)
+    return wants_views and total >= AUTO_SHM_MIN_BYTES and max(len(h) for h in shared) >= AUTO_SHM_MIN_RANKS
+
+
+def agree(ctx: CallContext, via: Via, total: int) -> Route:
+    """One small all_gather of host keys, free space and tokens; returns the route (logged on fallback).
+
+    Raises:
+        BroadcastTimeoutError: the exchange timed out or lost a peer.
+    """
+    hi, lo = host_key()
+    words = [hi, lo, shm_free(), secrets.randbits(63), secrets.randbits(63), int(via.zero_copy)]
+    row = torch.tensor(words, dtype=torch.int64)
+    try:
+        blobs = _header.exchange_blobs(
+            row.view(torch.uint8), width=ROW_WORDS * 8, group_size=ctx.size, group=ctx.group,
+            device=ctx.comm_device, wait_for=ctx.wait_for,
+        )  # fmt: skip
+    except _header.CollectiveFailed as exc:
+        raise timeout_error(ctx, "transport agreement", exc) from exc
+    route = decide(via.name, [b.view(torch.int64).tolist() for b in blobs], src=ctx.src, total=total)
+    logger.debug(
+        "rank %d: %s call #%d moves %d bytes by %s (%d hosts)%s",
+        ctx.rank, ctx.call, ctx.seq, total, route.kind, len(route.hosts), f": {route.note}" if route.note else "",
+        extra={"distinit": {"event": "broadcast.route", "call": ctx.call, "seq": ctx.seq, "rank": ctx.rank,
+                            "route": route.kind, "hosts": [list(h) for h in route.hosts], "nbytes": total}},
+    )  # fmt: skip
+    if route.kind == "network" and via.name == "shm" and total:
+        logger.warning(
+            "rank %d: %s call #%d: via='shm' falls back to the network: %s",
+            ctx.rank, ctx.call, ctx.seq, route.note,
+            extra={"distinit": {"event": "broadcast.via_fallback", "call": ctx.call, "seq": ctx.seq,
+                                "rank": ctx.rank, "reason": route.note, "nbytes": total}},
+        )  # fmt: skip
+    return route
+
+
+def sync(ctx: CallContext, status: int, phase: str) -> list[int]:
+    """Every rank's status word (one all_gather): a barrier that also tells each rank how the others fared.
+
+    Raises:
+        BroadcastTimeoutError: a peer died or the exchange timed out (``phase`` names the step).
+    """
+    word = torch.tensor([status], dtype=torch.int64).view(torch.uint8)
+    try:
+        blobs = _header.exchange_blobs(
+            word, width=8, group_size=ctx.size, group=ctx.group, device=ctx.comm_device, wait_for=ctx.wait_for
+        )
+    except _header.CollectiveFailed as exc:
+        raise timeout_error(ctx, phase, exc) from exc
+    return [int(b.view(torch.int64)[0]) for b in blobs]
+
+
+Spec = list[tuple[torch.dtype, tuple[int, ...]]]
+"""The tensors of a call, in order: dtype and shape (checked by the verdict, the same on every rank)."""
+
+
+def slots(spec: Spec) -> tuple[list[int], int]:
+    """Each tensor's byte offset in a segment or file (64-byte aligned) and the total size."""
+    offsets, end = [], 0
+    for dtype, shape in spec:
+        offsets.append(end)
+        nbytes = dtype.itemsize * _numel(shape)
+        end += -(-nbytes // ALIGN) * ALIGN if nbytes else 0
+    return offsets, end
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def nbytes_of(dtype: torch.dtype, shape: Sequence[int]) -> int:
+    """A tensor's payload size in bytes."""
+    return dtype.itemsize * _numel(shape)
+
+
+def transport_error(
+    ctx: CallContext, bad: dict[int, str], *, step: str, why: str, fix: str, field: str = "transport"
+) -> BroadcastMismatchError:
+    """The error when a transport step failed on some ranks, built from facts every rank holds (identical).
+
+    ``bad`` maps each failing rank to what it saw; ``step`` names the transport step, e.g. "shared memory".
+    """
+    by_text: dict[str, list[int]] = {}
+    for rank in sorted(bad):
+        by_text.setdefault(bad[rank], []).append(rank)
+    body = "; ".join(f"{ranks_phrase(ranks)} {text}" for text, ranks in by_text.items())
+    return BroadcastMismatchError(
+        f"{ctx.call} call #{ctx.seq} (src={ctx.src}, {ctx.size} ranks): {step} failed: {body}. "
+        f"Raised on all {ctx.size} ranks; no rank returned data from this call.",
+        call=ctx.call,
+        seq=ctx.seq,
+        field=field,
+        src=ctx.src,
+        views=dict(bad),
+        ranks=tuple(sorted(bad)),
+        why=why,
+        fix=fix,
+    )
+
+
+def unpack(
+    ctx: CallContext,
+    data: torch.Tensor,
+    spec: Spec,
+    offsets: list[int],
+    outs: list[torch.Tensor | None],
+    *,
+    zero_copy: bool,
+) -> list[torch.Tensor]:
+    """This rank's tensors from the packed bytes: buffers filled, new tensors allocated, or views of ``data``."""
+    result = []
+    for (dtype, shape), offset, out in zip(spec, offsets, outs, strict=True):
+        nbytes = nbytes_of(dtype, shape)
+        piece = data[offset : offset + nbytes]
+        if out is None and zero_copy and nbytes:
+            result.append(piece.view(dtype).view(shape))
+            continue
+        if out is None:
+            out = allocate(ctx, shape, dtype=dtype, device="cpu")
+        if nbytes:
+            copy_back(out, piece)
+        result.append(out)
+    return result
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable memoryview of a CPU contiguous uint8 tensor's bytes (no copy; the tensor must outlive it)."""
+    n = tensor.numel()
+    if not n:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_ubyte * n).from_address(tensor.data_ptr())).cast("B")

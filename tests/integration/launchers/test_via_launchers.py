@@ -1,0 +1,51 @@
+"""The shm and file broadcast transports under the REAL launchers (issue 17): ``srun`` on two emulated
+Slurm nodes and ``mpirun.openmpi`` on two fake nodes. The emulated nodes share this machine's kernel and
+``/dev/shm``, so shm is one host here (as it physically is); the route is the same code as on one real node.
+Every rank must receive src's bytes exactly through ``via="shm"``, ``zero_copy`` and ``via="file"``, with no
+fallback, and no segment or file may be left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import shapes
+from launch_support import Launcher
+
+pytestmark = pytest.mark.launcher
+
+TASK = Path(__file__).with_name("via_task.py")
+
+
+def _segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("distinit-bc-")}
+
+
+def _line(record: dict[str, Any]) -> dict[str, Any]:
+    lines = [line for line in record.get("stdout", "").splitlines() if line.startswith("{")]
+    detail = f"rc {record.get('rc')}\nstdout: {record.get('stdout')}\nstderr: {record.get('stderr', '')[-3000:]}"
+    assert len(lines) == 1, detail
+    found: dict[str, Any] = json.loads(lines[0])
+    return found
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["slurm-block", "openmpi-2node"])
+def test_shm_and_file_transports_under_the_launcher(name: str, launch: Launcher, tmp_path: Path) -> None:
+    shape = shapes.SHAPES_BY_NAME[name]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    before = _segments()
+    result = launch(shape, [sys.executable, str(TASK), str(shared)], timeout=180)
+    lines = [_line(record) for record in result.records]
+    assert sorted(line["rank"] for line in lines) == list(range(shape.world_size))
+    for line in lines:
+        assert line["shm"] == line["zero_copy"] == line["file"] == line["want"], line
+        assert line["fallbacks"] == [], line
+    assert {line["node_rank"] for line in lines} == {0, 1}  # two launcher nodes, verified by setup()
+    assert list(shared.iterdir()) == []  # the file is removed once every rank has read it
+    assert _segments() - before == set()  # and every segment is unlinked

@@ -1,0 +1,115 @@
+"""``via=`` and its route: argument checks, the pure route decision, slot layout, the segment primitives."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from distinit.broadcast import _shm, _via
+from distinit.broadcast._via import AUTO_SHM_MIN_BYTES, decide, group_hosts, slots, via_option
+
+A, B = (11, 12), (21, 22)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        pytest.param({"via": "tcp"}, ValueError, "via", id="unknown-via"),
+        pytest.param({"via": None}, ValueError, "via", id="via-None"),
+        pytest.param({"via": "file"}, ValueError, "path", id="file-without-path"),
+        pytest.param({"via": "shm", "path": "/tmp"}, ValueError, "path", id="path-without-file"),
+        pytest.param({"via": "network", "zero_copy": True}, ValueError, "zero_copy", id="zero-copy-on-network"),
+        pytest.param({"via": "file", "path": "/tmp", "zero_copy": True}, ValueError, "zero_copy", id="zero-copy-file"),
+        pytest.param({"via": "shm", "keep": True}, ValueError, "keep", id="keep-without-file"),
+        pytest.param({"via": "shm", "zero_copy": 1}, TypeError, "zero_copy", id="zero-copy-int"),
+        pytest.param({"via": "file", "path": 3}, TypeError, "path", id="path-int"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_argument(
+    kwargs: dict[str, object], error: type[Exception], named: str
+) -> None:
+    via = kwargs.pop("via")
+    with pytest.raises(error, match=named):
+        via_option(via, **kwargs)
+
+
+def test_good_options_and_their_flags() -> None:
+    assert via_option("network").flags == 0
+    assert via_option("shm", zero_copy=True).flags == 2 << 8
+    opt = via_option("file", path=Path("/tmp"), keep=True)
+    assert (opt.path, opt.keep, opt.flags) == ("/tmp", True, 3 << 8)
+
+
+def _rows(keys: list[tuple[int, int]], free: int = 1 << 40, views: int = 0) -> list[list[int]]:
+    return [[*key, free, 7, 9, views] for key in keys]
+
+
+@pytest.mark.parametrize(
+    ("via", "keys", "src", "total", "free", "kind", "note"),
+    [
+        pytest.param("shm", [A, A, A], 0, 1 << 20, 1 << 40, "shm", "", id="one-host"),
+        pytest.param("shm", [A, B, A, B], 1, 1 << 20, 1 << 40, "shm", "", id="two-hosts"),
+        pytest.param("shm", [A, B], 0, 1 << 20, 1 << 40, "network", "share a host", id="not-co-located"),
+        pytest.param("shm", [A, A], 0, 1 << 20, 1000, "network", "bytes free", id="dev-shm-too-small"),
+        pytest.param("shm", [A, A], 0, 0, 1 << 40, "network", "nothing", id="empty"),
+        pytest.param("auto", [A] * 4, 0, AUTO_SHM_MIN_BYTES - 1, 1 << 40, "network", "auto", id="auto-small"),
+        pytest.param("auto", [A] * 4, 0, AUTO_SHM_MIN_BYTES, 1 << 40, "shm", "", id="auto-large"),
+        pytest.param("auto", [A] * 3, 0, AUTO_SHM_MIN_BYTES, 1 << 40, "network", "auto", id="auto-3-per-host"),
+        pytest.param("file", [A, B], 0, 1 << 20, 0, "file", "", id="file"),
+    ],
+)
+def test_route_decision(
+    via: str, keys: list[tuple[int, int]], src: int, total: int, free: int, kind: str, note: str
+) -> None:
+    route = decide(via, _rows(keys, free, views=1), src=src, total=total)
+    assert route.kind == kind and note in route.note
+    assert route.token == f"{7:016x}{9:016x}"
+
+
+def test_auto_keeps_copying_receivers_on_the_network() -> None:
+    route = decide("auto", _rows([A] * 4, views=0), src=0, total=AUTO_SHM_MIN_BYTES)
+    assert route.kind == "network" and "zero_copy" in route.note
+
+
+def test_hosts_put_src_first_and_lead_its_host() -> None:
+    assert group_hosts([A, B, A, B], src=3) == ((3, 1), (0, 2))
+    assert group_hosts([A, A, B], src=0) == ((0, 1), (2,))
+
+
+def test_slots_are_aligned_and_cover_every_byte() -> None:
+    spec = [(torch.float32, (3,)), (torch.bool, ()), (torch.float64, (0, 4)), (torch.int16, (65,))]
+    offsets, total = slots(spec)
+    assert offsets == [0, 64, 128, 128] and total == 128 + 192
+    assert all(o % _via.ALIGN == 0 for o in offsets)
+
+
+def test_host_key_is_stable_within_a_process() -> None:
+    assert _via.host_key() == _via.host_key()
+
+
+def test_segment_is_private_exclusive_and_copy_on_write(tmp_path: Path) -> None:
+    path = str(tmp_path / "seg")
+    seg = _shm.Segment.create(path, 4096)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        _shm.Segment.create(path, 4096)
+    seg.write(0, torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
+    reader = _shm.Segment.attach(path, 4096)
+    out = torch.zeros(4, dtype=torch.uint8)
+    reader.read_into(0, out)
+    assert out.tolist() == [1, 2, 3, 4]
+    view = reader.map_private()
+    view[0] = 99  # private: the segment keeps 1
+    reader.read_into(0, out)
+    assert out[0] == 1 and view[1] == 2
+    with pytest.raises(OSError, match="size"):
+        _shm.Segment.attach(path, 8192)
+    _shm.unlink(path)
+    _shm.unlink(path)  # gone already: fine
+    seg.close()
+    reader.close()
+    assert view[0] == 99  # the mapping outlives its descriptor and name
