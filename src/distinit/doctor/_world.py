@@ -18,20 +18,15 @@ from distinit.doctor._nccl import check_nccl
 from distinit.doctor._nodes import nodes
 from distinit.env import DistEnv
 from distinit.errors import DistinitError
+from distinit.init import _world
 
 #: Bytes each host sends its ring successor under ``--bandwidth``.
 BANDWIDTH_BYTES = 64 * 1024 * 1024
 
 
 def claim_of(env: DistEnv, identity: HostIdentity) -> dict[str, Any]:
-    return RankClaim(
-        rank=env.rank,
-        identity=identity,
-        node_rank=env.node_rank,
-        local_rank=env.local_rank,
-        local_world_size=env.local_world_size,
-        num_nodes=env.num_nodes,
-    ).model_dump(mode="json")
+    """This rank's identity claim, as JSON (the same claim ``setup()`` verifies the world with)."""
+    return _world.claim_of(env, {}, identity).model_dump(mode="json")
 
 
 def _probe_hosts(

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from distinit.env import DistEnv
+from distinit.init._whereami import binds
 
 #: torch's fallback when the hostname resolves to no address that binds (ProcessGroupGloo.cpp).
 TORCH_FALLBACK = "127.0.0.1"
@@ -76,7 +77,7 @@ def advertised_by_hostname(hostname: str) -> Advertised:
     except (OSError, UnicodeError):
         infos = []
     resolved = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
-    address, source = choose_address(resolved, _binds)
+    address, source = choose_address(resolved, binds)
     return Advertised(hostname=hostname, resolved=resolved, address=address, source=source)
 
 
@@ -141,7 +142,7 @@ def world_spans_hosts(world: DistEnv) -> str | None:
     return spans_hosts(
         master_addr=world.master_addr,
         master_ips=ips,
-        master_local=any(_binds(ip) for ip in ips or ()),
+        master_local=any(binds(ip) for ip in ips or ()),
         num_nodes=world.num_nodes,
         local_world_size=world.local_world_size,
         world_size=world.world_size,
@@ -187,16 +188,6 @@ def route_interface(master_addr: str | None, port: int | None) -> str | None:
     except (OSError, UnicodeError, IndexError):
         return None
     return next((name for name, ip in interfaces() if ip == source), None)
-
-
-def _binds(address: str) -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((address, 0))
-        except OSError:
-            return False
-    return True
 
 
 def _ipv4(name: str) -> str | None:

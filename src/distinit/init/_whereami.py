@@ -24,7 +24,7 @@ def check_hosting_addr(master: Master, infos: list[tuple[int, str]]) -> None:
     Raises:
         MasterUnreachableError: MASTER_ADDR is not an address of this host (not retried).
     """
-    if any(_binds(family, ip) for family, ip in infos):
+    if any(binds(ip) for _, ip in infos):
         return
     if any(_routes_here(family, ip, master.port) for family, ip in infos):
         return
@@ -34,7 +34,9 @@ def check_hosting_addr(master: Master, infos: list[tuple[int, str]]) -> None:
     )
 
 
-def _binds(family: int, ip: str) -> bool:
+def binds(ip: str) -> bool:
+    """Whether a TCP socket can bind ``ip`` (an address of this host binds, in microseconds)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((ip, 0))

@@ -39,9 +39,12 @@ MAX_NAME = 200
 SOURCE = "world: host identity"
 
 
-def claim_of(env: DistEnv, environ: Mapping[str, str]) -> RankClaim:
-    """This rank's row: its host identity and what its environment says about its place in the world."""
-    identity = local_identity(environ)
+def claim_of(env: DistEnv, environ: Mapping[str, str], identity: HostIdentity | None = None) -> RankClaim:
+    """This rank's row: its host identity and what its environment says about its place in the world.
+
+    ``identity`` defaults to ``local_identity(environ)`` (the doctor passes the one it already read).
+    """
+    identity = local_identity(environ) if identity is None else identity
     if identity.launcher_node is not None and len(identity.launcher_node) > MAX_NAME:
         digest = hashlib.blake2b(identity.launcher_node.encode(), digest_size=16).hexdigest()
         identity = identity.model_copy(update={"launcher_node": f"{identity.launcher_node[:64]}...{digest}"})
