@@ -82,9 +82,7 @@ class HostSlot(BaseModel):
     ranks: tuple[int, ...]  # ascending; position = derived local rank
 
 
-ConflictKind = Literal[
-    "duplicate_rank", "node_rank_shared", "local_ranks", "local_world_size", "num_nodes"
-]
+ConflictKind = Literal["duplicate_rank", "node_rank_shared", "local_ranks", "local_world_size", "num_nodes"]
 
 
 class Conflict(BaseModel):
