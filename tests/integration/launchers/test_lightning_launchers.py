@@ -62,9 +62,9 @@ def test_lightning_trains_as_the_launcher_placed_the_ranks(name: str, launch: La
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", ["openmpi-2node", "mpich-2node"])
-def test_a_wrong_node_rank_fails_the_same_on_every_rank(name: str, launch: Launcher) -> None:
-    shape = shapes.SHAPES_BY_NAME[name]
+def test_a_wrong_node_rank_fails_the_same_on_every_rank(launch: Launcher) -> None:
+    # Open MPI's fake nodes (by slot): NODE_RANK=0 exported on both, as a job script's `export NODE_RANK=0`.
+    shape = shapes.SHAPES_BY_NAME["openmpi-2node"]
     result = launch(shape, [sys.executable, str(WORKER), "wrong-node-rank"], timeout=180, allow_failure=True)
     lines = [_line(record) for record in result.records]
     assert [line.get("error") for line in lines] == ["ConflictingEnvError"] * shape.world_size, lines
