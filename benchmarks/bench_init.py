@@ -11,7 +11,8 @@ Measured on this machine in this run, gloo, loopback, world sizes 2 and 4:
 3. foreign listener on MASTER_PORT (accepts and holds): distinit with ``attempt_timeout=5`` vs torch with
    ``timeout=5`` killed at 30 s;
 4. the join protocol alone with 64..1024 simulated ranks (threads, one TCPStore client each) against one
-   TCPStore: connect time and join time;
+   TCPStore hosted as rank 0 hosts it: connect time and join time (``bench_scale.py`` runs larger worlds as
+   several processes of threads);
 5. NCCL (only where a GPU exists): ``setup()``-style init with ``device_id`` vs bare
    ``init_process_group("nccl", device_id=...)``, world 1.
 
@@ -269,9 +270,11 @@ def join_scale(sizes: list[int]) -> list[dict[str, Any]]:
 
     import torch.distributed as dist
 
+    from distinit.init._store import host_store
+
     rows = []
     for n in sizes:
-        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        server = host_store("127.0.0.1", 0, timeout=60)  # as rank 0 hosts it (an IPv4 listener here)
         port = server.port
         started = time.monotonic()
 

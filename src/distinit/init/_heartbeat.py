@@ -1,14 +1,15 @@
 """Liveness of joined ranks: a rank that joined and then stopped ends the rendezvous in seconds.
 
-While a rank waits in the join it beats ``g<generation>/beat/<rank>`` (``seq|wall clock``) every
-:data:`BEAT` s from a daemon thread; the beat stops once the join completes or is given up. Rank 0
-watches every joined rank (it learns them from ``g<generation>/order/<n>``, written by the n-th joiner,
-so one watch costs a few round trips whatever the world size); the other ranks watch rank 0 (the store
-host under torchrun's agent store can outlive it). A beat that has not changed for :data:`STALE` s, as
-seen by the watcher's own clock (no clock skew between hosts matters), means the rank died, was
-interrupted or froze: the watcher publishes a :class:`~distinit.errors.RankLostError` verdict, so every
-rank raises the same error naming it. Ranks that never arrived are not watched: they keep the
-late-worker patience of the deadline.
+While a rank waits in the join it beats ``g<generation>/beat/<rank>`` (``seq|wall clock``) every ``beat``
+s (:class:`~distinit.init._pace.Pace`: 1 s up to 1,000 ranks, longer above) from a daemon thread; the
+beat stops once the join completes or is given up. Rank 0 watches every joined rank (it learns them from
+``g<generation>/order/<n>``, written by the n-th joiner, so one watch costs a few round trips whatever the
+world size); the other ranks watch rank 0 (the store host under torchrun's agent store can outlive it). A
+beat that has not changed for ``stale`` s (5 s, or five beats when beats are longer), as seen by the
+watcher's own clock (no clock skew between hosts matters), means the rank died, was interrupted or froze:
+the watcher publishes a :class:`~distinit.errors.RankLostError` verdict, so every rank raises the same
+error naming it. Ranks that never arrived are not watched: they keep the late-worker patience of the
+deadline.
 """
 
 from __future__ import annotations
@@ -23,12 +24,9 @@ import torch.distributed as dist
 from torch.distributed import Store
 
 from distinit._duration import wait_bound
+from distinit.init._pace import BEAT, STALE
 
 logger = logging.getLogger("distinit.init")
-
-#: Seconds between beats, and how long a beat may stay unchanged before its rank counts as lost.
-BEAT = 1.0
-STALE = 5.0
 
 
 class Silent:
@@ -97,7 +95,7 @@ class Heartbeat:
                 if silent is not None and not self._stop.is_set():
                     self._lost(silent)
                     return
-        except (dist.DistError, RuntimeError, OSError) as exc:
+        except (dist.DistError, RuntimeError, OSError, ValueError) as exc:
             # The store went away: the main thread sees that too and handles it.
             logger.debug("rank %d: heartbeat stopped: %s", self.rank, exc)
         finally:
@@ -127,11 +125,26 @@ class Heartbeat:
                 self.host_claim = claim.decode(errors="replace") if isinstance(claim, bytes) else str(claim)
                 self._known.append(0)
             return self._known
-        joined = self.store.add(f"{self.prefix}joined", 0)
-        while len(self._known) < joined:
-            key = f"{self.prefix}order/{len(self._known) + 1}"
-            if not self.store.check([key]):
-                break  # that joiner has not written its order entry yet
-            rank = int(self.store.get(key))
-            self._known.append(rank)
+        follow_arrivals(self.store, self.prefix, self._known)
         return [r for r in self._known if r != self.rank]
+
+
+def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
+    """Append to ``known`` (ranks in join order) the ranks that joined since it was last followed.
+
+    Reads the ``joined`` counter, then the new ``order/<n>`` entries in one ``check`` and one ``multi_get``,
+    so following a whole join costs O(N) keys in all, not O(N) per call. An entry not written yet (its
+    joiner is between counting and writing it) ends the batch; the next call picks it up.
+
+    Raises:
+        ValueError: an order entry is not a rank number (the keys were written by something else).
+    """
+    joined = store.add(f"{prefix}joined", 0)
+    keys = [f"{prefix}order/{n}" for n in range(len(known) + 1, joined + 1)]
+    if keys and not store.check(keys):
+        ready = 0
+        while ready < len(keys) and store.check([keys[ready]]):
+            ready += 1
+        keys = keys[:ready]
+    if keys:
+        known.extend(int(value) for value in store.multi_get(keys))

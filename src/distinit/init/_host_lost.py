@@ -1,7 +1,7 @@
 """The store host (rank 0) died after this rank joined: say so in seconds instead of "missing ranks [0]" later.
 
 Rank 0's store dies with it, so no heartbeat verdict can be published. A joined rank whose store
-connection fails probes MASTER_ADDR:MASTER_PORT: refused for :data:`~distinit.init._heartbeat.STALE` s
+connection fails probes MASTER_ADDR:MASTER_PORT: refused for :data:`~distinit.init._pace.STALE` s
 in a row means nothing serves the port any more (a frozen host or a lost network answers differently, and
 a restarted rank 0 answers again); then it raises :class:`~distinit.errors.RankLostError` naming rank 0.
 """
@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from distinit.errors import RankLostError
 from distinit.init import _messages
 from distinit.init._diagnose import Master
-from distinit.init._heartbeat import STALE
+from distinit.init._pace import STALE
 from distinit.init._probe import probe
 
 #: Pause between two probes while deciding.

@@ -11,6 +11,10 @@ from clean keys (the generation is bumped through the store, first writer wins):
 * ``joined`` -- counter; the rank that brings it to ``world_size`` sets ``state`` to ``ok``.
 * ``order/<n>`` -- the rank that was the n-th to join; ``beat/<rank>`` -- its liveness while it waits
   (:mod:`distinit.init._heartbeat`): a joined rank that stops beating ends the rendezvous in seconds.
+* ``missing`` -- the ranks not joined yet, as ranges (``2-3,7``). Only rank 0 follows the arrivals (the
+  new ``order/<n>`` entries since it last looked: O(N) keys over the whole join) and publishes this key when
+  they change; every other rank reads this one key when it logs progress or names the missing ranks at the
+  end of an attempt, so naming them costs the store O(N) reads in all, not O(N) per rank.
 * ``state`` -- ``ok`` or a verdict (JSON), first writer wins, so every rank raises the SAME verdict.
 * ``seen`` -- counter of ranks that read a verdict, so the store host can linger just long enough.
 """
@@ -23,17 +27,17 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import torch.distributed as dist
 from torch.distributed import Store
 
-from distinit._duration import to_timedelta
 from distinit.errors import RankLostError, RendezvousError
 from distinit.init import _messages
 from distinit.init._attempt import AttemptFailed
-from distinit.init._heartbeat import Heartbeat, Silent
+from distinit.init._heartbeat import Heartbeat, Silent, follow_arrivals
+from distinit.init._pace import POLL, Pace, PauseSchedule
 
 logger = logging.getLogger("distinit.init")
 
@@ -42,12 +46,6 @@ PROGRESS_FIRST = 10.0
 PROGRESS_EVERY = 30.0
 #: Longest time the store host stays up after a verdict so that peers can read it.
 LINGER = 3.0
-#: Waiting for a key: first one blocking store wait of at most FAST_WAIT s (it wakes the moment the key is
-#: set: the common case at start-up, when ranks arrive within milliseconds), then a poll every POLL s. A
-#: store wait cannot be called off and logs a c10d warning each time it times out, while a poll is one
-#: round trip between sleeps that the caller can cut short.
-FAST_WAIT = 1.0
-POLL = 0.25
 
 
 def _pid_alive(pid: int) -> bool:
@@ -125,6 +123,10 @@ class JoinProtocol:
         # The launcher's own process count (see _launched), and (missing count, since when) for the hint.
         self.launched = launched
         self._arrivals: tuple[int, float] | None = None
+        self.pace = Pace.for_world(world_size)
+        # Rank 0 only: the ranks that joined, in join order, and how many of them ``missing`` was published for.
+        self._arrived: list[int] = []
+        self._published: int | None = None
 
     # keys -----------------------------------------------------------------------------------------
     def _key(self, generation: int, name: str) -> str:
@@ -222,6 +224,8 @@ class JoinProtocol:
             prefix=self._key(generation, ""),
             rank=self.rank,
             lost=lambda silent: self._publish_lost(generation, silent),
+            beat=self.pace.beat,
+            stale=self.pace.stale,
         )
         heartbeat.beat()  # before counting: whoever learns of this rank finds its beat
         if not counted:
@@ -265,7 +269,12 @@ class JoinProtocol:
             self._waiting_since = now
             self._next_progress = now + PROGRESS_FIRST
         if not wait_for_key(
-            self.store, key, now + max(timeout, 0.0), sleep=sleep, tick=lambda: self._progress(generation)
+            self.store,
+            key,
+            now + max(timeout, 0.0),
+            sleep=sleep,
+            tick=lambda: self._tick(generation),
+            poll=self.pace.poll,
         ):
             state = self._get_now(key)  # a last look: the last "ok" may have arrived as the wait ended
             if state is None:
@@ -283,24 +292,48 @@ class JoinProtocol:
             raise self._read_verdict(generation, state)
 
     def missing(self, generation: int) -> list[int]:
-        """Ranks with no live claim in ``generation``.
+        """Ranks that have not joined ``generation`` (yet), as rank 0 last saw them.
 
-        A claim by a dead pid on this host (a rank that crashed after claiming) counts as missing; a dead
-        claimant on another host cannot be seen from here. Two store round trips per rank at most.
+        Rank 0 follows the arrivals and publishes them (see the module docstring); another rank reads the
+        published ranges in one key, or, when rank 0 never published any (it is itself missing under an
+        agent store), reads the arrival order itself once (O(N) keys in three round trips). A joined rank
+        that died is not missing: its heartbeat names it (:class:`~distinit.errors.RankLostError`).
         """
-        out = []
-        for r in range(self.world_size):
-            key = self._key(generation, f"claim/{r}")
-            if not self.store.check([key]):
-                out.append(r)
-                continue
-            host, _, rest = _text(self.store.get(key)).partition("|")
-            pid = rest.partition("|")[0]
-            if host == self.me.host and pid.isdigit() and not _pid_alive(int(pid)):
-                out.append(r)
-        if self._arrivals is None or self._arrivals[0] != len(out):
-            self._arrivals = (len(out), time.monotonic())
-        return out
+        if self.rank == 0:
+            return self._follow(generation)
+        missing = self._published_missing(generation)
+        if missing is None:
+            arrived: list[int] = []
+            follow_arrivals(self.store, self._key(generation, ""), arrived)
+            missing = _absent(arrived, self.world_size)
+        self._note(len(missing))
+        return missing
+
+    def _follow(self, generation: int) -> list[int]:
+        """Rank 0: read the new arrivals and publish the missing ranks if they changed; the missing ranks."""
+        follow_arrivals(self.store, self._key(generation, ""), self._arrived)
+        missing = _absent(self._arrived, self.world_size)
+        if self._published != len(self._arrived):
+            self.store.set(self._key(generation, "missing"), encode_ranks(missing))
+            self._published = len(self._arrived)
+        self._note(len(missing))
+        return missing
+
+    def _published_missing(self, generation: int) -> list[int] | None:
+        """The missing ranks rank 0 published (one key), or None if it published none (or a bad value)."""
+        text = self._get_now(self._key(generation, "missing"))
+        if text is None:
+            return None
+        try:
+            return decode_ranks(text, self.world_size)
+        except ValueError:
+            logger.debug("rank %d: ignored a malformed missing-ranks key %r", self.rank, text[:80])
+            return None
+
+    def _note(self, missing: int) -> None:
+        """Remember when the count of missing ranks last changed (the quiet period of :meth:`hint`)."""
+        if self._arrivals is None or self._arrivals[0] != missing:
+            self._arrivals = (missing, time.monotonic())
 
     def hint(self, missing: tuple[int, ...] | list[int]) -> str | None:
         """Why ``missing`` may never come: an oversized WORLD_SIZE (see :func:`_messages.oversized`)."""
@@ -308,12 +341,27 @@ class JoinProtocol:
         return _messages.oversized(world_size=self.world_size, missing=missing, launched=self.launched, quiet_for=quiet)
 
     # internals ------------------------------------------------------------------------------------
+    def _tick(self, generation: int) -> None:
+        """At every poll: rank 0 keeps the published missing ranks current; every rank logs progress."""
+        if self.rank == 0:
+            self._follow(generation)
+        self._progress(generation)
+
     def _progress(self, generation: int) -> None:
+        """The rate-limited progress record: rank 0's own view, else what rank 0 published (one read)."""
         now = time.monotonic()
         if self._next_progress is None or now < self._next_progress or self._waiting_since is None:
             return
         self._next_progress = now + PROGRESS_EVERY
-        _log_waiting(self, generation, missing=self.missing(generation), waited=now - self._waiting_since)
+        waited = now - self._waiting_since
+        missing = self._follow(generation) if self.rank == 0 else self._published_missing(generation)
+        if missing is not None:
+            self._note(len(missing))
+            _log_waiting(self, generation, missing=missing, waited=waited)
+            return
+        joined = self.store.add(self._key(generation, "joined"), 0)  # rank 0 has not published: a count
+        self._note(self.world_size - joined)
+        _log_count(self, generation, joined=joined, waited=waited)
 
     def _refuse(
         self, generation: int, *, formed: bool, holder: tuple[int, int, str], verdict: RendezvousError
@@ -409,6 +457,69 @@ def _log_waiting(join: JoinProtocol, generation: int, *, missing: list[int], wai
     )
 
 
+def _log_count(join: JoinProtocol, generation: int, *, joined: int, waited: float) -> None:
+    """The progress record of a rank that only knows how many joined (rank 0 has not published who)."""
+    logger.info(
+        "rank %d: waiting for %d more rank(s) to join rendezvous %s (generation %d): %d/%d joined, %.0f s of %.0f s",
+        join.rank,
+        join.world_size - joined,
+        join.master,
+        generation,
+        joined,
+        join.world_size,
+        waited,
+        join.deadline,
+        extra={
+            "distinit": {
+                "event": "init.waiting",
+                "rank": join.rank,
+                "generation": generation,
+                "joined": joined,
+                "world_size": join.world_size,
+                "waited_s": round(waited, 1),
+            }
+        },
+    )
+
+
+def _absent(arrived: Sequence[int], world_size: int) -> list[int]:
+    """The ranks of ``range(world_size)`` not in ``arrived``, in order."""
+    present = set(arrived)
+    return [r for r in range(world_size) if r not in present]
+
+
+def encode_ranks(ranks: Sequence[int]) -> str:
+    """Sorted ranks as ranges: ``[2, 3, 4, 7]`` -> ``"2-4,7"`` (empty string for none)."""
+    parts: list[str] = []
+    start = prev = None
+    for r in ranks:
+        if prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def decode_ranks(text: str, world_size: int) -> list[int]:
+    """Ranges written by :func:`encode_ranks` back to ranks, each checked against ``world_size``.
+
+    Raises:
+        ValueError: ``text`` is not ascending ranges of ranks below ``world_size``.
+    """
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        low, high = int(first), int(last or first)
+        if not (out[-1] if out else -1) < low <= high < world_size:
+            raise ValueError(f"{part!r} is not a range of ranks above {out[-1] if out else -1} and below {world_size}")
+        out.extend(range(low, high + 1))
+    return out
+
+
 def wait_for_key(
     store: Store,
     key: str,
@@ -416,21 +527,20 @@ def wait_for_key(
     *,
     sleep: Callable[[float], None] = time.sleep,
     tick: Callable[[], None] = lambda: None,
+    poll: float = POLL,
 ) -> bool:
     """Wait until ``key`` exists on ``store`` or the monotonic time ``end``; True if it exists.
 
-    ``sleep`` pauses between polls (and may raise to call the wait off); ``tick`` runs at every poll.
+    Polls with ``check`` (one round trip) at growing pauses, from a few milliseconds up to ``poll`` s (see
+    :class:`~distinit.init._pace.PauseSchedule`): a key set within milliseconds is seen within milliseconds,
+    and a long wait costs the store one check per ``poll``. No blocking store ``wait``: it cannot be called
+    off, and c10d logs a "waitForInput ... timed out" warning each time one times out. ``sleep`` pauses
+    between polls (and may raise to call the wait off); ``tick`` runs at every poll.
 
     Raises:
-        torch.distributed.DistError: the store failed (other than a wait timing out).
+        torch.distributed.DistError: the store failed.
     """
-    first = min(FAST_WAIT, end - time.monotonic())
-    if first > 0:
-        try:
-            store.wait([key], to_timedelta(first))
-            return True
-        except dist.DistStoreError:
-            pass  # not yet: poll from now on
+    pauses = PauseSchedule(poll)
     while True:
         sleep(0.0)  # give the caller a chance to call the wait off
         tick()
@@ -439,4 +549,4 @@ def wait_for_key(
         left = end - time.monotonic()
         if left <= 0:
             return False
-        sleep(min(left, POLL))
+        sleep(min(left, pauses.next()))

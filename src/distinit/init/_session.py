@@ -216,7 +216,7 @@ class Rendezvous:
         if join is not None and generation is not None and records and records[-1].phase == "join":
             state = f"{join.namespace}g{generation}/state"
             with contextlib.suppress(dist.DistError):  # the store went away: sleep out the pause
-                if wait_for_key(join.store, state, end, sleep=self.handover.sleep):
+                if wait_for_key(join.store, state, end, sleep=self.handover.sleep, poll=join.pace.poll):
                     return
         self.handover.sleep(end - time.monotonic())
 

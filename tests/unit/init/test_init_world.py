@@ -97,9 +97,7 @@ def test_a_partly_claimed_world_gets_free_node_ranks() -> None:
 
 def test_launcher_node_names_split_one_kernel() -> None:
     # Fake nodes (or containers) on one machine: same hostname and boot_id, different launcher node names.
-    claims = [
-        RankClaim(rank=r, identity=_host("m", node=f"node{r // 2 + 1}"), local_rank=r % 2) for r in range(4)
-    ]
+    claims = [RankClaim(rank=r, identity=_host("m", node=f"node{r // 2 + 1}"), local_rank=r % 2) for r in range(4)]
     settled = _world.settle(_env(3, 4, local_rank=1), claims)
     assert (settled.node_rank, settled.num_nodes, settled.local_world_size) == (1, 2, 2)
     assert any("share one kernel" in note for note in settled.notes)

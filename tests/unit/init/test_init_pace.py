@@ -1,0 +1,242 @@
+"""Pure tests of the join's waiting load: the interval formula, the growing poll, and who scans for the missing.
+
+The store is torch's in-process ``HashStore`` behind a proxy that counts every key read, so "only rank 0 scans"
+is checked as store traffic, not as which function ran.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+from torch.distributed import HashStore, Store
+
+from distinit.init._join import Claimant, JoinProtocol, decode_ranks, encode_ranks, wait_for_key
+from distinit.init._pace import FIRST_POLL, POLL, STALE, Pace, PauseSchedule, load_scale
+
+
+class CountingStore:
+    """Forwards to a HashStore and counts the keys each read touches (``check``, ``get``, ``multi_get``,
+    ``add(key, 0)``); ``waits`` counts blocking ``wait`` calls, which the join must not make."""
+
+    def __init__(self) -> None:
+        self.inner = HashStore()
+        self.reads: Counter[str] = Counter()
+        self.waits = 0
+
+    def check(self, keys: list[str]) -> bool:
+        self.reads.update(keys)
+        return bool(self.inner.check(keys))
+
+    def get(self, key: str) -> bytes:
+        self.reads[key] += 1
+        return bytes(self.inner.get(key))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.reads.update(keys)
+        return list(self.inner.multi_get(keys))
+
+    def add(self, key: str, value: int) -> int:
+        if value == 0:
+            self.reads[key] += 1
+        return int(self.inner.add(key, value))
+
+    def wait(self, *args: Any) -> None:
+        self.waits += 1
+        self.inner.wait(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _protocol(store: CountingStore, rank: int, world_size: int) -> JoinProtocol:
+    return JoinProtocol(
+        cast(Store, store),
+        namespace="t/",
+        rank=rank,
+        world_size=world_size,
+        master="m:1",
+        hosting=rank == 0,
+        claimant=Claimant(host="sim", pid=10_000 + rank, nonce=f"n{rank}"),
+    )
+
+
+@pytest.fixture
+def joined() -> Iterator[tuple[CountingStore, dict[int, JoinProtocol]]]:
+    """World 64: ranks 0-7 and 40 have entered generation 0 (their heartbeats stopped on teardown)."""
+    store = CountingStore()
+    joins = {r: _protocol(store, r, 64) for r in (*range(8), 40)}
+    for join in joins.values():
+        join.enter(0)
+    yield store, joins
+    for join in joins.values():
+        join.stop_beating()
+
+
+MISSING = [r for r in range(64) if r >= 8 and r != 40]
+
+
+# -------------------------------------------------------------------------------------------- the formula
+@pytest.mark.parametrize(
+    ("world_size", "poll", "beat", "stale"),
+    [
+        pytest.param(1, 0.25, 1.0, 5.0, id="world-1"),
+        pytest.param(4, 0.25, 1.0, 5.0, id="world-4"),
+        pytest.param(1000, 0.25, 1.0, 5.0, id="world-1000-last-at-base"),
+        pytest.param(2000, 0.5, 2.0, 10.0, id="world-2000-twice"),
+        pytest.param(4096, 1.024, 4.096, 20.48, id="world-4096"),
+        pytest.param(100_000, 25.0, 100.0, 500.0, id="world-100k"),
+    ],
+)
+def test_intervals_grow_with_the_world_above_1000(world_size: int, poll: float, beat: float, stale: float) -> None:
+    pace = Pace.for_world(world_size)
+    assert (pace.poll, pace.beat, pace.stale) == pytest.approx((poll, beat, stale))
+
+
+@pytest.mark.parametrize("world_size", [1000, 2048, 5000, 10_000, 100_000])
+def test_waiting_load_on_the_store_stays_flat(world_size: int) -> None:
+    """Each waiting rank: 1 poll per ``poll`` s, 1 beat write and 1 watch read per ``beat`` s."""
+    pace = Pace.for_world(world_size)
+    ops_per_s = world_size * (1 / pace.poll + 2 / pace.beat)
+    assert ops_per_s == pytest.approx(6000.0)
+
+
+@pytest.mark.parametrize("world_size", [2, 64, 1000])
+def test_small_worlds_name_a_lost_rank_within_about_10_s(world_size: int) -> None:
+    pace = Pace.for_world(world_size)
+    assert pace.stale == STALE and pace.stale + pace.beat <= 10.0
+
+
+@pytest.mark.parametrize("world_size", [1, 999, 1001, 4096, 100_000])
+def test_staleness_is_at_least_five_beats(world_size: int) -> None:
+    """A starved beat thread (thousands of ranks on a few cores) must miss five beats to count as lost."""
+    pace = Pace.for_world(world_size)
+    assert pace.stale >= max(STALE, 5 * pace.beat)
+    assert load_scale(world_size) == max(1.0, world_size / 1000)
+
+
+@pytest.mark.parametrize("world_size", [0, -3])
+def test_world_size_below_one_is_refused(world_size: int) -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        Pace.for_world(world_size)
+
+
+def test_pauses_start_in_milliseconds_and_double_to_the_poll() -> None:
+    pauses = PauseSchedule(POLL)
+    seen = [pauses.next() for _ in range(9)]
+    assert seen[0] == pytest.approx(FIRST_POLL)
+    assert seen[:6] == pytest.approx([0.005, 0.01, 0.02, 0.04, 0.08, 0.16])
+    assert seen[6:] == pytest.approx([POLL] * 3)
+
+
+def test_a_large_world_starts_its_pauses_later() -> None:
+    big = PauseSchedule(Pace.for_world(4096).poll)
+    assert big.next() == pytest.approx(FIRST_POLL * 4.096)
+
+
+# -------------------------------------------------------------------------------------------- wait_for_key
+def test_wait_for_key_polls_without_a_blocking_store_wait() -> None:
+    """No store.wait (c10d logs "waitForInput ... timed out" for each one that times out); the key set
+    during the third pause is seen at the next poll."""
+    store = CountingStore()
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if seconds > 0:
+            pauses.append(seconds)
+            if len(pauses) == 3:
+                store.inner.set("k", "v")
+
+    assert wait_for_key(cast(Store, store), "k", float("inf"), sleep=sleep)
+    assert store.waits == 0
+    assert pauses == pytest.approx([0.005, 0.01, 0.02])
+
+
+def test_wait_for_key_ends_at_its_end_without_the_key() -> None:
+    store = CountingStore()
+    assert not wait_for_key(cast(Store, store), "never", 0.0, sleep=lambda s: None)
+    assert store.waits == 0
+
+
+# -------------------------------------------------------------------------------------------- who scans
+def test_rank_0_follows_the_arrivals_and_publishes_the_missing_ranks(
+    joined: tuple[CountingStore, dict[int, JoinProtocol]],
+) -> None:
+    store, joins = joined
+    assert joins[0].missing(0) == MISSING
+    assert decode_ranks(store.inner.get("t/g0/missing").decode(), 64) == MISSING
+    store.reads.clear()
+    assert joins[0].missing(0) == MISSING  # nothing new: the counter only, no order entry read again
+    assert set(store.reads) == {"t/g0/joined"}
+
+
+def test_other_ranks_read_one_key_whatever_the_world(joined: tuple[CountingStore, dict[int, JoinProtocol]]) -> None:
+    store, joins = joined
+    joins[0].missing(0)  # rank 0 publishes
+    store.reads.clear()
+    assert joins[5].missing(0) == MISSING
+    assert set(store.reads) == {"t/g0/missing"}
+    assert sum(store.reads.values()) <= 2  # check + get, not 2 keys per rank of the world
+
+
+def test_other_ranks_read_the_arrival_order_once_when_rank_0_never_published() -> None:
+    """Under an agent store rank 0 may be the missing one: then a rank reads the arrival order itself."""
+    store = CountingStore()
+    joins = [_protocol(store, r, 6) for r in (1, 2, 4)]
+    try:
+        for join in joins:
+            join.enter(0)
+        store.reads.clear()
+        assert joins[0].missing(0) == [0, 3, 5]
+        assert not any("claim/" in key for key in store.reads)  # no per-rank claim scan
+        assert store.reads["t/g0/order/1"] == 2  # one check and one multi_get of the three entries
+    finally:
+        for join in joins:
+            join.stop_beating()
+
+
+def test_the_timeout_names_the_missing_ranks_on_every_rank(
+    joined: tuple[CountingStore, dict[int, JoinProtocol]],
+) -> None:
+    from distinit.init._attempt import AttemptFailed
+
+    _, joins = joined
+    for rank in (0, 7, 40):
+        with pytest.raises(AttemptFailed) as caught:
+            joins[rank].wait(0, 0.0, sleep=lambda s: None)
+        assert caught.value.missing_ranks == tuple(MISSING)
+        assert "9/64 ranks joined generation 0" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [
+        pytest.param([], "", id="none"),
+        pytest.param([3], "3", id="one"),
+        pytest.param([2, 3, 4, 7], "2-4,7", id="range-and-single"),
+        pytest.param([0, 2, 4], "0,2,4", id="no-runs"),
+        pytest.param(list(range(1000, 4096)), "1000-4095", id="a-whole-tail"),
+    ],
+)
+def test_missing_ranks_travel_as_ranges(ranks: list[int], text: str) -> None:
+    assert encode_ranks(ranks) == text
+    assert decode_ranks(text, 4096) == ranks
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("5-3", id="reversed"),
+        pytest.param("1,1", id="repeated"),
+        pytest.param("3,2", id="descending"),
+        pytest.param("-1", id="negative"),
+        pytest.param("0-4096", id="beyond-the-world"),
+        pytest.param("x", id="not-a-number"),
+        pytest.param("1-2-3", id="two-dashes"),
+    ],
+)
+def test_malformed_missing_ranks_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"range of ranks|invalid literal"):
+        decode_ranks(text, 4096)
