@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -382,9 +383,10 @@ def header_rows(worlds: list[int], reps: int) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------- 4. computed
 def computed() -> dict[str, Any]:
     """The cost model at 1k, 10k and 100k ranks (formulas in docs/scale.md)."""
+    from distinit.broadcast._digest import DIGEST_BYTES, DIGEST_FROM
     from distinit.broadcast._header import HEADER_BYTES
 
-    out: dict[str, Any] = {"header_bytes": HEADER_BYTES, "scales": []}
+    out: dict[str, Any] = {"header_bytes": HEADER_BYTES, "digest_bytes": DIGEST_BYTES, "scales": []}
     try:
         from distinit.doctor._reach import reach_plan
 
@@ -400,7 +402,10 @@ def computed() -> dict[str, Any]:
             "header_all_to_all_bytes_total": n * n * HEADER_BYTES,
             "header_all_gather_bytes_per_rank": (n - 1) * HEADER_BYTES,
             "header_all_gather_steps": n - 1,
-            "digest_all_reduce_bytes_per_rank": 2 * 32,
+            # From DIGEST_FROM ranks the checked call sends one digest per step of a tree reduce + broadcast.
+            "digest_path": n >= DIGEST_FROM,
+            "digest_bytes_per_step": DIGEST_BYTES,
+            "digest_steps_gloo": 2 * math.ceil(math.log2(n)),
             "store_client_connections": n,
         }
         if plan is not None:
@@ -419,14 +424,15 @@ def _render_computed(computed: dict[str, Any]) -> list[str]:
         "",
         "## Computed at 1k / 10k / 100k ranks",
         "",
-        "| ranks | header all-to-all bytes per rank per call | all ranks together | all_gather steps | "
-        "doctor reach pairs (8 ranks per host) |",
-        "|---:|---:|---:|---:|---:|",
+        "| ranks | rows (all-to-all) bytes per rank per call, had the rows been kept | all ranks together | "
+        "all_gather steps | what distinit sends: digest steps on gloo x bytes | doctor reach pairs (8 per host) |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in computed["scales"]:
+        digest = f"{r['digest_steps_gloo']} x {r['digest_bytes_per_step']:,} B" if r.get("digest_path") else "rows"
         lines.append(
             f"| {r['ranks']:,} | {r['header_all_to_all_bytes_per_rank'] / 1e6:,.1f} MB | "
-            f"{r['header_all_to_all_bytes_total'] / 1e9:,.0f} GB | {r['header_all_gather_steps']:,} | "
+            f"{r['header_all_to_all_bytes_total'] / 1e9:,.0f} GB | {r['header_all_gather_steps']:,} | {digest} | "
             f"{r.get('doctor_reach_pairs', 'n/a')} |"
         )
     return lines

@@ -415,7 +415,9 @@ def init_join(init: dict[str, Any], scale: dict[str, Any] | None) -> Section:
         ]
     world_axes(ax, JOIN_LABELS, 7)
     if scale:
-        lines.append(f"\n_The bench_scale.py rows: {caption('scale', scale)}._")
+        # A join-only run keeps the other parts' facts and records its own as join_machine_facts.
+        joined = {**scale, "machine_facts": scale.get("join_machine_facts") or scale.get("machine_facts")}
+        lines.append(f"\n_The bench_scale.py rows: {caption('scale', joined)}._")
     return "Init: join protocol against world size", [save(fig, "init_join"), "", *lines]
 
 
