@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed import Store
 
 from distinit._duration import wait_bound
+from distinit.errors import RendezvousError
 from distinit.init._pace import BEAT, STALE
 
 logger = logging.getLogger("distinit.init")
@@ -95,8 +96,8 @@ class Heartbeat:
                 if silent is not None and not self._stop.is_set():
                     self._lost(silent)
                     return
-        except (dist.DistError, RuntimeError, OSError, ValueError) as exc:
-            # The store went away: the main thread sees that too and handles it.
+        except (dist.DistError, RuntimeError, OSError, ValueError, RendezvousError) as exc:
+            # The store went away, or holds keys distinit did not write: the main thread sees that too.
             logger.debug("rank %d: heartbeat stopped: %s", self.rank, exc)
         finally:
             self.store = None  # type: ignore[assignment]  # let go of the store (rank 0: its server)
@@ -137,7 +138,8 @@ def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
     joiner is between counting and writing it) ends the batch; the next call picks it up.
 
     Raises:
-        ValueError: an order entry is not a rank number (the keys were written by something else).
+        RendezvousError: an order entry is not a rank number: something other than distinit writes to this
+            store (only distinit's join writes these keys), so no arrival it records can be trusted.
     """
     joined = store.add(f"{prefix}joined", 0)
     keys = [f"{prefix}order/{n}" for n in range(len(known) + 1, joined + 1)]
@@ -147,4 +149,12 @@ def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
             ready += 1
         keys = keys[:ready]
     if keys:
-        known.extend(int(value) for value in store.multi_get(keys))
+        values = store.multi_get(keys)
+        bad = next((k for k, v in zip(keys, values, strict=True) if not v.isdigit()), None)
+        if bad is not None:
+            raise RendezvousError(
+                f"the store's join key {bad} holds {bytes(values[keys.index(bad)])[:40]!r}, not a rank number",
+                why="only distinit's join writes these keys: another program writes to this rendezvous's store.",
+                fix="stop the program writing to MASTER_PORT's store, or pick another port for this job.",
+            )
+        known.extend(int(value) for value in values)

@@ -240,3 +240,22 @@ def test_missing_ranks_travel_as_ranges(ranks: list[int], text: str) -> None:
 def test_malformed_missing_ranks_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"range of ranks|invalid literal"):
         decode_ranks(text, 4096)
+
+
+def test_an_arrival_key_not_written_by_distinit_is_a_named_rendezvous_error() -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from distinit.errors import RendezvousError
+    from distinit.init._heartbeat import follow_arrivals
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=2))
+    store.add("p/joined", 2)
+    store.set("p/order/1", "0")
+    store.set("p/order/2", "rm -rf")
+    known: list[int] = []
+    with pytest.raises(RendezvousError, match=r"join key p/order/2 holds b'rm -rf', not a rank number"):
+        follow_arrivals(store, "p/", known)
+    assert known == []  # nothing from a store written by something else is trusted
