@@ -70,7 +70,6 @@ def test_a_wrong_node_rank_fails_the_same_on_every_rank(launch: Launcher) -> Non
     assert [line.get("error") for line in lines] == ["ConflictingEnvError"] * shape.world_size, lines
     assert len({line["message"] for line in lines}) == 1, lines  # one verdict, word for word
     assert "2 hosts claim node rank 0" in lines[0]["message"]
-    assert all(record["rc"] == 3 for record in result.records)
 
 
 @pytest.mark.timeout(240)
@@ -82,9 +81,7 @@ def test_round_robin_placement_is_refused_on_every_rank(name: str, launch: Launc
     shape = shapes.SHAPES_BY_NAME[name]
     result = launch(shape, [sys.executable, str(WORKER), "setup"], timeout=180, allow_failure=True)
     lines = [_line(record) for record in result.records]
-    # srun terminates the step's other tasks once one exits non-zero ("task 1: Terminated"), so only the
-    # tasks that finished writing are recorded there; mpirun lets all four finish.
-    assert len(lines) == shape.world_size or (shape.launcher == "slurm" and lines), (lines, result.launcher_output)
+    assert len(lines) == shape.world_size, (lines, result.launcher_output)
     assert [line.get("error") for line in lines] == ["ConflictingEnvError"] * len(lines), lines
     assert len({line["message"] for line in lines}) == 1, lines
     assert "differ from the launcher's on ranks [1, 2]" in lines[0]["message"]
