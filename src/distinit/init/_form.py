@@ -107,7 +107,6 @@ class GroupFormer:
         verify: bool,
     ) -> None:
         self.backend, self.env, self.environ = backend, env, environ
-        self.rank, self.world_size = env.rank, env.world_size
         self.bounds, self.device_id, self.verify = bounds, device_id, verify
         #: The world as the ranks' host identities verified it (set by a verified ``form``).
         self.world: DistEnv | None = None
@@ -129,8 +128,8 @@ class GroupFormer:
             init_group(
                 self.backend,
                 store=dist.PrefixStore(join.prefix(generation), store),
-                rank=self.rank,
-                world_size=self.world_size,
+                rank=self.env.rank,
+                world_size=self.env.world_size,
                 bound=bound,
                 init_timeout=self.bounds.init_timeout(),
                 device_id=self.device_id,
@@ -145,8 +144,8 @@ class GroupFormer:
         except (ValueError, TypeError) as exc:
             self.undo()
             raise RendezvousError(
-                f"rank {self.rank}: init_process_group rejected its arguments: {exc}",
-                rank=self.rank,
+                f"rank {self.env.rank}: init_process_group rejected its arguments: {exc}",
+                rank=self.env.rank,
                 why="an argument (backend, device_id, pg_timeout) does not fit this torch build or host.",
                 fix="check the arguments passed to init_with_retry()/setup().",
                 master=join.master,
@@ -173,12 +172,12 @@ class GroupFormer:
             claim_of(self.env, self.environ),
             backend=self.backend,
             device_id=self.device_id,
-            world_size=self.world_size,
+            world_size=self.env.world_size,
             end=end,
         )
         return settle(self.env, claims)
 
     def undo(self) -> None:
         """Destroy the group this call formed (if any) and reset torch's leaked counter."""
-        if destroy_group(self.rank):
+        if destroy_group(self.env.rank):
             self.counter_resets += 1
