@@ -27,7 +27,15 @@ import torch
 import torch.distributed as dist
 
 from distinit.broadcast._group import CallContext
-from distinit.broadcast._transport import allocate, as_bytes, copy_back, is_lazy, wait_or_raise, wire_view
+from distinit.broadcast._transport import (
+    allocate,
+    as_bytes,
+    copy_back,
+    host_buffer,
+    is_lazy,
+    wait_or_raise,
+    wire_view,
+)
 from distinit.broadcast._via import SHM_DIR, Route, Spec, byte_view, nbytes_of, slots, sync, transport_error, unpack
 
 logger = logging.getLogger("distinit.broadcast")
@@ -244,7 +252,7 @@ def _read(
         if nbytes and out.is_cpu and out.is_contiguous() and not is_lazy(out):
             seg.read_into(offset, as_bytes(out))
         elif nbytes:
-            staged = torch.empty(nbytes, dtype=torch.uint8)
+            staged = host_buffer(nbytes, pinned=out.is_cuda)
             seg.read_into(offset, staged)
             copy_back(out, staged)
         result.append(out)

@@ -149,8 +149,12 @@ def _move(
     dtype = DTYPE_OF_CODE.get(sv.dtype)
     spec: Spec = [(dtype, tuple(sv.shape))] if dtype is not None else [(torch.uint8, (sv.nbytes,))]
     out = usable if ctx.rank != ctx.src else None
-    if out is None and ctx.rank != ctx.src and (device is not None or dtype is None) and not option.zero_copy:
-        out = allocate(ctx, spec[0][1], dtype=spec[0][0], device=_receiver_device(device, sv.device, ctx))
+    if out is None and ctx.rank != ctx.src:
+        # Where the network path would allocate (a CUDA source lands on this rank's GPU, as there). Views of
+        # the shared pages (zero_copy) are host memory, so a device destination gets one copy from them.
+        target = _receiver_device(device, sv.device, ctx)
+        if target.type != "cpu" or dtype is None or (device is not None and not option.zero_copy):
+            out = allocate(ctx, spec[0][1], dtype=spec[0][0], device=target)
     sources = [usable] if ctx.rank == ctx.src and usable is not None else None
     moved = move(ctx, option, spec, ["tensor"], sources, [out])
     if moved is None:

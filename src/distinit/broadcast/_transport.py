@@ -44,7 +44,22 @@ def wire_view(tensor: torch.Tensor, comm_device: torch.device) -> tuple[torch.Te
     """
     if tensor.device == comm_device and tensor.is_contiguous() and not is_lazy(tensor):
         return as_bytes(tensor), False
-    return as_bytes(tensor.detach().resolve_conj().resolve_neg().to(comm_device).contiguous()), True
+    plain = tensor.detach().resolve_conj().resolve_neg()
+    if plain.is_cuda and comm_device.type == "cpu":  # device -> host by DMA into pinned (page-locked) memory
+        staged = host_buffer(plain.nbytes, pinned=True)
+        staged.copy_(as_bytes(plain.contiguous()))
+        return staged, True
+    return as_bytes(plain.to(comm_device).contiguous()), True
+
+
+def host_buffer(nbytes: int, *, pinned: bool) -> torch.Tensor:
+    """A CPU uint8 staging buffer; ``pinned`` for one end of a CUDA copy.
+
+    Pinned memory is copied by DMA, and torch's caching host allocator keeps freed pinned blocks for
+    the next call: measured on an H100 with gloo, a 64 MB CUDA broadcast staged through pageable memory
+    spent most of its time in page faults and the driver's own bounce copies.
+    """
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned and torch.cuda.is_available())
 
 
 def is_lazy(tensor: torch.Tensor) -> bool:
@@ -57,6 +72,8 @@ def receive_view(out: torch.Tensor, comm_device: torch.device) -> tuple[torch.Te
     if out.device == comm_device and out.is_contiguous() and not is_lazy(out):
         return as_bytes(out), False
     nbytes = out.numel() * out.element_size()
+    if comm_device.type == "cpu":
+        return host_buffer(nbytes, pinned=out.is_cuda), True
     return torch.empty(nbytes, dtype=torch.uint8, device=comm_device), True
 
 
