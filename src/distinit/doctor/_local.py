@@ -130,7 +130,12 @@ def check_names(env: DistEnv | None, hostname: str) -> Check:
 
 
 def check_gpu(env: DistEnv | None, environ: Mapping[str, str]) -> Check:
-    """Visible CUDA devices against LOCAL_RANK; ``skip`` on a machine without CUDA."""
+    """Visible CUDA devices against LOCAL_RANK; ``skip`` on a machine without CUDA.
+
+    A rank without a device of its own is a ``warn``, not a ``fail``: the doctor does not know the job's
+    backend, and a gloo (CPU) job runs fine that way. An NCCL job does not: ``--nccl`` fails those ranks by
+    name, and ``setup()`` without a backend refuses such a host before it joins.
+    """
     import torch  # only here: the other local checks stay torch-free
 
     if not torch.cuda.is_available():
@@ -142,9 +147,11 @@ def check_gpu(env: DistEnv | None, environ: Mapping[str, str]) -> Check:
     if local_rank >= count:
         return Check(
             id="gpu",
-            status="fail",
-            summary=f"LOCAL_RANK={local_rank} but only {count} device(s) visible (CUDA_VISIBLE_DEVICES={visible!r})",
-            fix="launch at most one rank per visible GPU, or fix CUDA_VISIBLE_DEVICES",
+            status="warn",
+            summary=f"LOCAL_RANK={local_rank} but only {count} device(s) visible (CUDA_VISIBLE_DEVICES={visible!r}): "
+            "no GPU of its own (fine for a gloo job; NCCL fails)",
+            fix="for a GPU job launch at most one rank per visible GPU, or fix CUDA_VISIBLE_DEVICES; for a CPU job "
+            "name the backend (setup('gloo'))",
             evidence=evidence,
         )
     uuid = str(torch.cuda.get_device_properties(local_rank).uuid)

@@ -79,7 +79,9 @@ def init_with_retry(
     bounds = Bounds.of(deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout)
     try:
         world = env if env is not None else env_from_scheduler()
-        chosen = choose_backend(backend, local_rank=world.local_rank, device_id=device_id)
+        chosen = choose_backend(
+            backend, local_rank=world.local_rank, local_world_size=world.local_world_size, device_id=device_id
+        )
         _preflight.check_world(rank=world.rank, world_size=world.world_size)
         call = functools.partial(
             _init, world, chosen, bounds=bounds, device_id=device_id, backoff=backoff or Backoff(), verify=verify

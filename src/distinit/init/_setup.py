@@ -119,7 +119,7 @@ def _setup(
     if current is not None and dist.is_initialized():
         return current
     env = env_from_scheduler(environ, strict=strict, export=True)
-    chosen = choose_backend(backend, local_rank=env.local_rank)
+    chosen = choose_backend(backend, local_rank=env.local_rank, local_world_size=env.local_world_size)
     device_id: torch.device | None = None
     device = "cpu"
     if chosen == "nccl":

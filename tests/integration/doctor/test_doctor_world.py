@@ -30,7 +30,8 @@ def test_torchrun_world_of_four_passes(tmp_path: Path) -> None:
     ids = [c["id"] for c in world["checks"]]
     assert ids == [*LOCAL_IDS, "world", "consensus", "clock", "nodes", "reach"]
     assert check(world, "nodes")["status"] == "pass" and check(world, "consensus")["status"] == "pass"
-    assert all(d["ok"] and d["checks"] == [] for d in documents[1:])  # others: only what names them
+    # others: only what names them (on a machine with fewer GPUs than ranks, the gpu warning)
+    assert all(d["ok"] and all((c["id"], c["status"]) == ("gpu", "warn") for c in d["checks"]) for d in documents[1:])
 
 
 @pytest.mark.timeout(90)
@@ -42,7 +43,8 @@ def test_one_rank_with_another_nccl_setting_is_named_by_consensus(ranks: Ranks, 
     assert found["status"] == "fail" and found["ranks"] == [1]
     assert "NCCL_IB_DISABLE: rank 1" in found["summary"] and "'1' vs '<unset>'" in found["summary"]
     assert status0 == status1 == 1
-    assert [c["id"] for c in other["checks"]] == ["consensus"]  # rank 1 hears about its own fault
+    # rank 1 hears about its own fault (on a machine of one GPU also a warning: it has no GPU of its own)
+    assert [c["id"] for c in other["checks"] if (c["id"], c["status"]) != ("gpu", "warn")] == ["consensus"]
 
 
 @pytest.mark.timeout(90)
