@@ -7,6 +7,7 @@ Trainer built from one rank's environment shows the rank Lightning would train a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -87,6 +88,11 @@ def test_trainer_gets_the_launchers_ranks_under_mpirun(rank: int) -> None:
     assert (built.global_rank, built.local_rank, built.node_rank, built.world_size) == (rank, rank % 2, rank // 2, 4)
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is not None,
+    reason="mpi4py is installed: Lightning's own MPIEnvironment takes the ranks from MPI_Init, which ends this "
+    "process outside a real mpirun (seen on a GPU machine: pytest exited 1 here with no report)",
+)
 def test_without_the_plugin_every_node_is_node_zero() -> None:
     # Lightning #13639, the shape of the bug: under mpirun nobody sets NODE_RANK (or LOCAL_RANK), so rank 3 of
     # node 1 trains as GLOBAL_RANK 0, and Lightning even means to start the node's processes itself.
