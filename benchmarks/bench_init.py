@@ -315,12 +315,12 @@ def nccl() -> dict[str, Any]:
         code = f"""
 import os, time, json, torch, torch.distributed as dist
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}")
-torch.cuda.set_device(0)
-t = time.monotonic()
+from distinit.init import setup  # imported before the clock starts, as torch is
+t = time.monotonic()  # both sides from before CUDA initialises: setup() binds the device itself
 if "{impl}" == "torch":
+    torch.cuda.set_device(0)
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
 else:
-    from distinit.init import setup
     setup("nccl", deadline=60, attempt_timeout=30)
 x = torch.ones(1, device="cuda"); dist.all_reduce(x); torch.cuda.synchronize()
 print(json.dumps({{"t": time.monotonic() - t}}))

@@ -88,6 +88,8 @@ def caption(name: str, data: dict[str, Any]) -> str:
     parts.append(f"{cpus} CPUs" if cpus else (str(machine) if machine else "machine not recorded"))
     if torch:
         parts.append(f"torch {torch}")
+    if facts.get("gpu"):
+        parts.append(str(facts["gpu"]))
     parts.append(load)
     return "; ".join(parts)
 
@@ -403,6 +405,9 @@ def init_join(init: dict[str, Any], scale: dict[str, Any] | None) -> Section:
     series = [("bench_init.py", init.get("join_scale", []), "o")]
     if scale:
         series.append(("bench_scale.py", scale.get("join", []), "s"))
+    wide = load("scale_16cpu")  # the same join where the simulated ranks have CPUs of their own
+    if wide:
+        series.append((f"bench_scale.py, {wide['machine_facts']['cpus']} CPUs", wide.get("join", []), "^"))
     lines = ["| source | ranks | connect | join | errors |", "|---|---:|---:|---:|---:|"]
     for source, rows, marker in series:
         if not rows:
@@ -418,6 +423,8 @@ def init_join(init: dict[str, Any], scale: dict[str, Any] | None) -> Section:
         # A join-only run keeps the other parts' facts and records its own as join_machine_facts.
         joined = {**scale, "machine_facts": scale.get("join_machine_facts") or scale.get("machine_facts")}
         lines.append(f"\n_The bench_scale.py rows: {caption('scale', joined)}._")
+    if wide:
+        lines.append(f"\n_The {wide['machine_facts']['cpus']}-CPU rows: {caption('scale_16cpu', wide)}._")
     return "Init: join protocol against world size", [save(fig, "init_join"), "", *lines]
 
 
@@ -602,6 +609,38 @@ def doctor(data: dict[str, Any]) -> Section:
     return "Doctor: time per check tier", [save(fig, "doctor_tiers"), "", *lines]
 
 
+# ---------------------------------------------------------------------------------------------- cuda
+CUDA_PANELS = (
+    ("nccl world 1", "model B: ", "NCCL, world 1: model B (2000 x 4 KB on the GPU)"),
+    ("gloo world 2", "gloo 64 MB CUDA: ", "gloo, world 2: 64 MB CUDA"),
+)
+
+
+def cuda(data: dict[str, Any]) -> Section:
+    """The GPU run (bench_cuda.py): two panels of bars and every row as a table."""
+    results = data["results"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 2.6))
+    for ax, (world, prefix, title) in zip(axes, CUDA_PANELS, strict=True):
+        rows = {k.removeprefix(prefix): v for k, v in results[world].items() if k.startswith(prefix)}
+        colors = [OURS if "distinit" in k else FLOOR if "flat" in k else THEIRS for k in rows]
+        mins, medians = [v["min"] * 1e3 for v in rows.values()], [v["median"] * 1e3 for v in rows.values()]
+        bars(ax, list(rows), mins, medians, colors)
+        if max(mins) > 10 * min(mins):  # a log axis only where the bars span decades
+            plain_log(ax)
+        ax.set_xlabel("ms per call" + (" (log)" if ax.get_xscale() == "log" else ""))
+        ax.set_title(title)
+    fig.suptitle("distinit vs torch on a GPU (lower is better)", fontsize=9)
+    lines = [save(fig, "cuda"), "", "| case | min | median |", "|---|---:|---:|"]
+    for world, rows in results.items():
+        lines += [f"| {world}: {k} | {ms(v['min'])} | {ms(v['median'])} |" for k, v in rows.items()]
+    lines += ["", "| init, NCCL world 1 | torch | distinit |", "|---|---:|---:|"]
+    for i, run in enumerate(data.get("init", []), 1):
+        if isinstance(run.get("torch"), float) and isinstance(run.get("distinit"), float):
+            lines.append(f"| run {i} | {ms(run['torch'])} | {ms(run['distinit'])} |")
+    lines += ["", *(f"_{note}_" for note in data.get("notes", []))]
+    return "CUDA: NCCL and CUDA tensors over gloo", lines
+
+
 # ---------------------------------------------------------------------------------------------- scale
 def scale_header(data: dict[str, Any]) -> Section:
     rows = data.get("header", [])
@@ -775,6 +814,7 @@ def sections() -> list[str]:
         ("testing", "Testing", lambda d: [("cost", lambda: testing(d))]),
         ("doctor", "Doctor", lambda d: [("tiers", lambda: doctor(d))]),
         ("scale", "Scale", lambda d: [("header", lambda: scale_header(d))]),
+        ("cuda", "CUDA", lambda d: [("gpu", lambda: cuda(d))]),
     ]
     for name, title, plan in plans:
         data = load(name)

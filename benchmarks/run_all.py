@@ -14,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: One script per capability, in the order the issues build on each other.
-ORDER = ("testing", "init", "watchdog", "broadcast", "doctor", "scale")
+ORDER = ("testing", "init", "watchdog", "broadcast", "doctor", "scale", "cuda")  # cuda: skipped without a GPU
 #: A whole benchmark script must finish within this many seconds.
 LIMIT_S = 1800
 
