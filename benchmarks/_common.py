@@ -11,6 +11,9 @@ import datetime
 import os
 import platform
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -41,3 +44,36 @@ def machine_facts(*, load_at_start: list[float] | None = None) -> dict[str, Any]
     if load_at_start is not None:
         facts["load_average_at_start"] = load_at_start
     return facts
+
+
+def spawn_world(target: Callable[..., None], world: int, extra: tuple[Any, ...], *, limit_s: float, what: str) -> Any:
+    """Run ``target(rank, world, store_path, *extra, queue)`` in ``world`` spawned processes; return rank 0's result.
+
+    Each worker initialises its group from the file store at ``store_path`` and puts its result on ``queue``
+    (rank 0's is returned). A worker that exits non-zero, or no result within ``limit_s`` seconds, kills them
+    all and raises ``RuntimeError`` naming ``what``: a dead worker must not leave the benchmark waiting.
+    """
+    import torch.multiprocessing as mp  # only here: the facts above stay importable without torch
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=target, args=(r, world, store, *extra, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + limit_s
+        while True:
+            try:
+                result = queue.get(timeout=2)
+                break
+            except Exception:  # queue.Empty
+                if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):
+                    for p in procs:
+                        p.kill()
+                    raise RuntimeError(f"{what} failed (see worker output)") from None
+        for p in procs:
+            p.join(timeout=120)
+            if p.is_alive():
+                p.kill()
+    return result

@@ -34,7 +34,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +42,6 @@ from typing import Any
 import pydantic
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("module", "small", "sweep", "via")
@@ -119,13 +117,18 @@ def _once(fn: Callable[[], Any]) -> float:
 
 
 def compare(
-    fns: dict[str, Callable[[], Any]], reps: int, inner: int = 1, warmup: int = 1
+    fns: dict[str, Callable[[], Any]],
+    reps: int,
+    inner: int = 1,
+    warmup: int = 1,
+    once: Callable[[Callable[[], Any]], float] = _once,
 ) -> dict[str, dict[str, float]]:
     """Seconds per call of each function (slowest rank): ``{"min": ..., "median": ...}``.
 
     The machine is shared and noisy: the methods run in interleaved rounds so load drift hits every
     method alike, and the minimum over rounds (background load only ever adds time) is the figure
-    the targets are judged on; the median is reported beside it.
+    the targets are judged on; the median is reported beside it. ``once`` times one round (bench_cuda.py
+    passes one that synchronises the GPU).
     """
     for fn in fns.values():
         for _ in range(warmup):
@@ -133,7 +136,7 @@ def compare(
     samples: dict[str, list[float]] = {label: [] for label in fns}
     for _ in range(reps):
         for label, fn in fns.items():
-            samples[label].append(_once(lambda f=fn: [f() for _ in range(inner)]) / inner)
+            samples[label].append(once(lambda f=fn: [f() for _ in range(inner)]) / inner)
     return {label: {"min": min(v), "median": statistics.median(v)} for label, v in samples.items()}
 
 
@@ -491,27 +494,11 @@ def _worker(rank: int, world: int, store: str, mode: str, reps: int, sweep: bool
 
 
 def run_world(world: int, mode: str, reps: int, sweep: bool) -> dict[str, dict[str, float]]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, world, store, mode, reps, sweep, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 1800
-        while True:  # a dead worker must not leave us waiting for its result
-            try:
-                result: dict[str, dict[str, float]] = queue.get(timeout=2)
-                break
-            except Exception:  # queue.Empty
-                if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):
-                    for p in procs:
-                        p.kill()
-                    raise RuntimeError(f"benchmark world {world} mode {mode} failed (see worker output)") from None
-        for p in procs:
-            p.join(timeout=120)
-            if p.is_alive():
-                p.kill()
+    from _common import spawn_world
+
+    result: dict[str, dict[str, float]] = spawn_world(
+        _worker, world, (mode, reps, sweep), limit_s=1800, what=f"benchmark world {world} mode {mode}"
+    )
     return result
 
 

@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = {"1 KB": 1 << 10, "1 MB": 1 << 20, "64 MB": 64 << 20, "256 MB": 256 << 20}
@@ -52,13 +48,9 @@ def _once(fn: Callable[[], Any]) -> float:
 
 def compare(fns: dict[str, Callable[[], Any]], reps: int, inner: int = 1) -> dict[str, dict[str, float]]:
     """Seconds per call of each function (slowest rank), min and median over interleaved rounds."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {label: [] for label in fns}
-    for _ in range(reps):
-        for label, fn in fns.items():
-            samples[label].append(_once(lambda f=fn: [f() for _ in range(inner)]) / inner)
-    return {label: {"min": min(v), "median": statistics.median(v)} for label, v in samples.items()}
+    from bench_broadcast import compare as interleaved
+
+    return interleaved(fns, reps, inner, once=_once)
 
 
 def _nccl_sizes(reps: int) -> dict[str, dict[str, float]]:
@@ -137,7 +129,7 @@ def _gloo_cuda(rank: int, reps: int) -> dict[str, dict[str, float]]:
     return compare(fns, reps)
 
 
-def _worker(rank: int, world: int, backend: str, store: str, reps: int, queue: Any) -> None:
+def _worker(rank: int, world: int, store: str, backend: str, reps: int, queue: Any) -> None:
     torch.cuda.set_device(0)
     kwargs: dict[str, Any] = {"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}
     dist.init_process_group(
@@ -157,27 +149,11 @@ def _worker(rank: int, world: int, backend: str, store: str, reps: int, queue: A
 
 
 def run_world(world: int, backend: str, reps: int) -> dict[str, dict[str, float]]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, world, backend, store, reps, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 600
-        while True:  # a dead worker must not leave us waiting for its result
-            try:
-                result: dict[str, dict[str, float]] = queue.get(timeout=2)
-                break
-            except Exception:  # queue.Empty
-                if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):
-                    for p in procs:
-                        p.kill()
-                    raise RuntimeError(f"cuda benchmark {backend} world {world} failed (see worker output)") from None
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    from _common import spawn_world
+
+    result: dict[str, dict[str, float]] = spawn_world(
+        _worker, world, (backend, reps), limit_s=600, what=f"cuda benchmark {backend} world {world}"
+    )
     return result
 
 
