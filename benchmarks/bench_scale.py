@@ -87,6 +87,10 @@ def sim_worker(spec: dict[str, Any]) -> None:
     """
     import torch.distributed as dist
 
+    # Imported here, before READY: imported by the rank threads after GO, distinit's modules (pydantic models,
+    # ~0.3 s of CPU per process) made 32 processes on 2 cores enter ~5 s late at every size, 64 ranks included.
+    import distinit.init._join  # noqa: F401
+
     _raise_fd_limit()
     # The store host has a CPU of its own in a real job; here it shares 2 cores with every simulated rank.
     # --nice N lets it go first (but then every other job on the machine goes before the ranks too).
