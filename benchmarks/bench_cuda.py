@@ -42,8 +42,10 @@ def _once(fn: Callable[[], Any]) -> float:
     fn()
     torch.cuda.synchronize()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.all_reduce(elapsed.cuda() if dist.get_backend() == "nccl" else elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed)
+    if dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only: reduce a device copy, read that back
+        elapsed = elapsed.cuda()
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
 
 
 def compare(fns: dict[str, Callable[[], Any]], reps: int, inner: int = 1) -> dict[str, dict[str, float]]:

@@ -42,7 +42,9 @@ def choose_backend(
             f"{count} CUDA device(s) visible (CUDA_VISIBLE_DEVICES={visible!r}), and no backend named: local ranks "
             f"below {count} would choose NCCL and the others gloo, and a group of mixed backends never forms",
             variables=("LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"),
-            why="the launcher starts more ranks per host than this host has GPUs",
+            why="the launcher starts more ranks per host than this host has GPUs, or binds each task to GPUs of "
+            "its own (Slurm --gpus-per-task): setup() binds cuda:LOCAL_RANK, so it needs every GPU of the host "
+            "visible to every rank",
             fix=f"launch at most {count} rank(s) per host (torchrun --nproc-per-node={count}), or name the "
             "backend for a CPU job: setup('gloo') / init_with_retry('gloo')",
         )
