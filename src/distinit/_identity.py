@@ -28,6 +28,7 @@ __all__ = [
     "group_ranks",
     "local_identity",
     "open_mpi_node",
+    "shared_gpus",
 ]
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -69,6 +70,7 @@ class RankClaim(BaseModel):
     local_rank: int | None = Field(default=None, ge=0)
     local_world_size: int | None = Field(default=None, ge=1)
     num_nodes: int | None = Field(default=None, ge=1)
+    gpu: str | None = Field(default=None, max_length=80)  # UUID of the GPU the rank bound (NCCL), if any
 
 
 class HostSlot(BaseModel):
@@ -82,7 +84,9 @@ class HostSlot(BaseModel):
     ranks: tuple[int, ...]  # ascending; position = derived local rank
 
 
-ConflictKind = Literal["duplicate_rank", "node_rank_shared", "local_ranks", "local_world_size", "num_nodes"]
+ConflictKind = Literal[
+    "duplicate_rank", "node_rank_shared", "local_ranks", "local_world_size", "num_nodes", "gpu_shared"
+]
 
 
 class Conflict(BaseModel):
@@ -319,3 +323,30 @@ def group_ranks(claims: Sequence[RankClaim]) -> NodeLayout:
     conflicts.extend(_num_nodes_conflict(hosts, unique))
     notes = (*split_notes, *_shared_kernel_notes(hosts))
     return NodeLayout(hosts=hosts, conflicts=tuple(conflicts), notes=notes)
+
+
+def shared_gpus(claims: Sequence[RankClaim]) -> tuple[Conflict, ...]:
+    """Physical GPUs bound by more than one rank (by UUID), one conflict each, naming the ranks and hosts.
+
+    A GPU UUID names one physical device whatever ``CUDA_VISIBLE_DEVICES`` renumbers, so ranks that
+    bound the same UUID share a GPU (two ranks of one host with per-rank devices that overlap). Ranks
+    that bound none (gloo, CPU) never conflict.
+    """
+    by_gpu: dict[str, list[RankClaim]] = {}
+    for claim in sorted(claims, key=lambda c: c.rank):
+        if claim.gpu:
+            by_gpu.setdefault(claim.gpu, []).append(claim)
+    found = []
+    for gpu, sharing in by_gpu.items():
+        if len(sharing) > 1:
+            hosts = tuple(dict.fromkeys(c.identity.launcher_node or c.identity.hostname for c in sharing))
+            ranks = tuple(c.rank for c in sharing)
+            found.append(
+                Conflict(
+                    kind="gpu_shared",
+                    message=f"ranks {', '.join(map(str, ranks))} (host {', '.join(hosts)}) all bound GPU {gpu}",
+                    ranks=ranks,
+                    hosts=hosts,
+                )
+            )
+    return tuple(found)

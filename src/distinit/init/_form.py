@@ -21,6 +21,7 @@ from distinit._duration import to_timedelta
 from distinit.env import DistEnv
 from distinit.errors import RendezvousError, SchedulerEnvError
 from distinit.init._attempt import AttemptFailed, quote
+from distinit.init._backend import device_uuid
 from distinit.init._bounds import Bounds
 from distinit.init._init_verdict import classify_init_failure
 from distinit.init._join import JoinProtocol
@@ -168,8 +169,12 @@ class GroupFormer:
 
     def _verified(self, end: float) -> DistEnv:
         """Exchange host identities (the check collective) and settle the world they describe."""
+        gpu = None
+        if self.backend == "nccl" and self.device_id is not None:
+            index = self.device_id if isinstance(self.device_id, int) else self.device_id.index
+            gpu = device_uuid(torch.cuda.current_device() if index is None else index)
         claims = exchange(
-            claim_of(self.env, self.environ),
+            claim_of(self.env, self.environ, gpu=gpu),
             backend=self.backend,
             device_id=self.device_id,
             world_size=self.env.world_size,

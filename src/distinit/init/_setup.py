@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
 from distinit.init._api import init_with_retry
-from distinit.init._backend import choose_backend
+from distinit.init._backend import device_plan
 from distinit.init._backoff import Backoff
 from distinit.init._boundary import readable
 from distinit.init._bounds import Bounds
@@ -68,13 +68,14 @@ def setup(
     """Resolve the world, bind the GPU, form the process group, and destroy it at exit. Idempotent.
 
     The one call at the top of ``main()`` under torchrun, srun, mpirun or a plain ``env://`` launch:
-    ``env_from_scheduler(export=True)``, then ``torch.cuda.set_device(local_rank)`` when CUDA is used,
+    ``env_from_scheduler(export=True)``, then ``torch.cuda.set_device`` when CUDA is used (``local_rank``, or
+    ``local_rank % visible`` where the launcher gives each rank GPUs of its own: ``srun --gpus-per-task``),
     then :func:`init_with_retry` (with ``device_id`` for NCCL, so the communicator is created eagerly and
     success means NCCL works), and :func:`teardown` registered with ``atexit``. A second call returns the
     first call's result while the group is alive.
 
     Args:
-        backend: as :func:`init_with_retry` (None: NCCL if this rank's ``local_rank`` names a GPU, else gloo).
+        backend: as :func:`init_with_retry` (None: NCCL if this rank sees a GPU, else gloo).
         environ: variables to resolve the world from; default ``os.environ``.
         deadline: total seconds (or ``timedelta``) for rendezvous; ``math.inf``: no limit.
         attempt_timeout: one attempt's bound.
@@ -119,14 +120,14 @@ def _setup(
     if current is not None and dist.is_initialized():
         return current
     env = env_from_scheduler(environ, strict=strict, export=True)
-    chosen = choose_backend(backend, local_rank=env.local_rank, local_world_size=env.local_world_size)
+    plan = device_plan(backend, local_rank=env.local_rank, local_world_size=env.local_world_size)
     device_id: torch.device | None = None
     device = "cpu"
-    if chosen == "nccl":
-        torch.cuda.set_device(env.local_rank)
-        device_id = torch.device("cuda", env.local_rank)
-        device = f"cuda:{env.local_rank}"
-    report = init(chosen, env=env, device_id=device_id)
+    if plan.backend == "nccl" and plan.device is not None:
+        torch.cuda.set_device(plan.device)
+        device_id = torch.device("cuda", plan.device)
+        device = f"cuda:{plan.device}"
+    report = init(plan.backend, env=env, device_id=device_id)
     if report.world is not None and report.world != env:
         # What the world verified (node rank, local world size, node count) replaces the environment's
         # unknowns in os.environ too, so Lightning and accelerate read the truth.

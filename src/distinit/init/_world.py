@@ -24,7 +24,16 @@ import torch.distributed as dist
 from pydantic import ValidationError
 
 from distinit._duration import to_timedelta
-from distinit._identity import HostIdentity, HostSlot, NodeLayout, RankClaim, group_ranks, local_identity
+from distinit._identity import (
+    Conflict,
+    HostIdentity,
+    HostSlot,
+    NodeLayout,
+    RankClaim,
+    group_ranks,
+    local_identity,
+    shared_gpus,
+)
 from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError, RendezvousError
 
@@ -39,10 +48,13 @@ MAX_NAME = 200
 SOURCE = "world: host identity"
 
 
-def claim_of(env: DistEnv, environ: Mapping[str, str], identity: HostIdentity | None = None) -> RankClaim:
+def claim_of(
+    env: DistEnv, environ: Mapping[str, str], identity: HostIdentity | None = None, *, gpu: str | None = None
+) -> RankClaim:
     """This rank's row: its host identity and what its environment says about its place in the world.
 
-    ``identity`` defaults to ``local_identity(environ)`` (the doctor passes the one it already read).
+    ``identity`` defaults to ``local_identity(environ)`` (the doctor passes the one it already read);
+    ``gpu`` is the UUID of the GPU this rank bound, if any.
     """
     identity = local_identity(environ) if identity is None else identity
     if identity.launcher_node is not None and len(identity.launcher_node) > MAX_NAME:
@@ -55,6 +67,7 @@ def claim_of(env: DistEnv, environ: Mapping[str, str], identity: HostIdentity | 
         local_rank=env.local_rank,
         local_world_size=env.local_world_size,
         num_nodes=env.num_nodes,
+        gpu=gpu,
     )
 
 
@@ -135,6 +148,18 @@ def _conflict_error(layout: NodeLayout, extra: Sequence[str], world_size: int) -
     )
 
 
+def _shared_gpu_error(shared: Sequence[Conflict]) -> ConflictingEnvError:
+    return ConflictingEnvError(
+        f"two ranks bound one GPU: {'; '.join(conflict.message for conflict in shared)}",
+        variables=("CUDA_VISIBLE_DEVICES", "LOCAL_RANK"),
+        why="each rank binds cuda:LOCAL_RANK, or cuda:LOCAL_RANK % visible where it sees fewer GPUs than its host "
+        "runs ranks (per-rank CUDA_VISIBLE_DEVICES, srun --gpus-per-task): these ranks' visible devices overlap, "
+        "so they landed on one physical GPU",
+        fix="give each rank a GPU of its own (srun --gpus-per-task=1 without an exported CUDA_VISIBLE_DEVICES, or "
+        "unset CUDA_VISIBLE_DEVICES so every rank sees every GPU of its host), or launch fewer ranks per host",
+    )
+
+
 def _span(ranks: Sequence[int]) -> str:
     """``0-7`` for a run of three or more consecutive ranks, else ``0,2,4``."""
     if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
@@ -147,8 +172,11 @@ def settle(env: DistEnv, claims: Sequence[RankClaim]) -> DistEnv:
 
     Raises:
         ConflictingEnvError: a node rank, local rank, local world size or node count of the environment
-            disagrees with the hosts the ranks run on.
+            disagrees with the hosts the ranks run on, or two ranks bound one GPU (by UUID).
     """
+    shared = shared_gpus(claims)
+    if shared:
+        raise _shared_gpu_error(shared)
     layout = group_ranks(claims)
     claimed = {h.identity: n for h in layout.hosts if (n := _claimed(h, claims)) is not None}
     extra = _out_of_range(layout, claimed)
