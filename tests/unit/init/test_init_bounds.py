@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from distinit._duration import MAX_WAIT
-from distinit.errors import ConflictingEnvError
 from distinit.init._backend import choose_backend
 from distinit.init._bounds import Bounds
 
