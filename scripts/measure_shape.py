@@ -1,0 +1,230 @@
+"""The shape of the package, measured: what issue 24 asks to keep small, in one rerunnable script.
+
+Static (read from ``src/distinit``): modules per package, lines, functions over 60 lines, module pairs
+whose imports point both ways, and imports that reach into another package's ``_private`` module.
+
+Dynamic (a real 2-rank gloo world on loopback, one process per rank): ``distinit.setup()`` on the happy
+path runs under ``sys.setprofile``/``threading.setprofile``; every Python call whose callee lives in
+``distinit`` and whose caller lives in another ``distinit`` module is a cross-module call. The trace covers
+``setup()`` from entry to return (not ``teardown``), threads that ``setup()`` starts included (the
+calling thread's share is reported too: a polling thread's count grows with how long it runs).
+
+Usage: ``python scripts/measure_shape.py [--src DIR] [--json]`` (``--src`` measures another checkout's
+``src``, e.g. a clean clone of an older commit, so before/after figures come from the same script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One rank: trace setup() and print the counts as one JSON line. Run as `python -c RANK_CODE`.
+RANK_CODE = r"""
+import json, sys, threading
+from collections import Counter
+import torch.distributed  # imported before tracing: its cost is not the package's shape
+import distinit
+from distinit.init import setup, teardown
+
+main = threading.get_ident()
+calls = {"main": Counter(), "threads": Counter()}
+entered = set()
+
+def profile(frame, event, arg):
+    if event != "call":
+        return
+    callee = frame.f_globals.get("__name__", "")
+    if not callee.startswith("distinit"):
+        return
+    entered.add(callee)
+    back = frame.f_back
+    caller = back.f_globals.get("__name__", "") if back is not None else ""
+    if caller.startswith("distinit") and caller != callee:
+        key = "main" if threading.get_ident() == main else "threads"
+        calls[key][caller + " -> " + callee] += 1
+
+threading.setprofile(profile)
+sys.setprofile(profile)
+ctx = setup(backend="gloo", deadline=60)
+sys.setprofile(None)
+threading.setprofile(None)
+teardown()
+print(json.dumps({
+    "rank": ctx.env.rank,
+    "entered": sorted(entered),
+    "main": dict(calls["main"]),
+    "threads": dict(calls["threads"]),
+}))
+"""
+
+
+def _package(module: str) -> str:
+    """``distinit.init._join`` -> ``init``; top-level modules (``distinit._identity``) are their own package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _module_name(src: Path, path: Path) -> str:
+    parts = path.relative_to(src).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(module: str, tree: ast.AST, is_package: bool) -> set[str]:
+    found: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("distinit")}
+
+
+def static(src: Path) -> dict[str, Any]:
+    """Counts read from the source tree ``src`` (the folder holding ``distinit``)."""
+    files = sorted((src / "distinit").rglob("*.py"))
+    names = {_module_name(src, path) for path in files}
+    per_package: Counter[str] = Counter()
+    lines = 0
+    long_functions: list[str] = []
+    imports: dict[str, set[str]] = {}
+    private_reach: list[str] = []
+    for path in files:
+        module = _module_name(src, path)
+        text = path.read_text()
+        lines += text.count("\n")
+        per_package[_package(module) or "(top)"] += 1
+        tree = ast.parse(text, filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    long_functions.append(f"{module}.{node.name} ({length} lines)")
+        targets = {name for name in _imported(module, tree, path.name == "__init__.py") if name in names}
+        imports[module] = targets
+        for target in sorted(targets):
+            owner, here = _package(target), _package(module)
+            private = any(part.startswith("_") for part in target.split(".")[2:])
+            if owner and owner != here and private:
+                private_reach.append(f"{module} -> {target}")
+    # A module importing its own package (``from distinit.init import _x``) is Python's mechanics, not a cycle.
+    both_ways = sorted(
+        f"{a} <-> {b}"
+        for a in imports
+        for b in imports[a]
+        if a < b and a in imports.get(b, set()) and not b.startswith(a + ".")
+    )
+    return {
+        "files": len(files),
+        "lines": lines,
+        "modules_per_package": dict(sorted(per_package.items())),
+        "functions_over_60_lines": long_functions,
+        "import_pairs_both_ways": both_ways,
+        "private_cross_package_imports": private_reach,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def dynamic(src: Path, timeout: float = 120.0) -> dict[str, Any]:
+    """Trace a happy-path ``setup()`` on a 2-rank loopback world; rank 0's and rank 1's counts."""
+    port = _free_port()
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rank in range(2):
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(src),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            out = open(Path(tmp) / f"rank{rank}.out", "w")  # noqa: SIM115 - closed below
+            procs.append((subprocess.Popen([sys.executable, "-c", RANK_CODE], env=env, stdout=out), out))
+        results = []
+        try:
+            for proc, out in procs:
+                proc.wait(timeout=timeout)
+                out.close()
+                if proc.returncode != 0:
+                    raise RuntimeError(f"a traced rank exited {proc.returncode}")
+            for rank in range(2):
+                results.append(json.loads((Path(tmp) / f"rank{rank}.out").read_text().strip().splitlines()[-1]))
+        finally:
+            for proc, _ in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)
+    summary = {}
+    for result in results:
+        main = Counter(result["main"])
+        every = main + Counter(result["threads"])
+        within_init = sum(n for edge, n in every.items() if all(_package(m) == "init" for m in edge.split(" -> ")))
+        pairs = {tuple(edge.split(" -> ")) for edge in every}
+        summary[f"rank{result['rank']}"] = {
+            "init_modules_entered": sum(1 for m in result["entered"] if _package(m) == "init"),
+            "modules_entered": len(result["entered"]),
+            "cross_module_calls_init": within_init,
+            "cross_module_calls_package": sum(every.values()),
+            "cross_module_calls_main_thread": sum(main.values()),
+            "call_pairs_both_ways": sorted(f"{a} <-> {b}" for a, b in pairs if a < b and (b, a) in pairs),
+            "top_edges": every.most_common(12),
+        }
+    return summary
+
+
+def main() -> int:
+    """Print the static and dynamic measures (human lines, or one JSON document with ``--json``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--src", type=Path, default=ROOT / "src", help="the folder holding distinit (default: ours)")
+    parser.add_argument("--json", action="store_true", help="one JSON document")
+    parser.add_argument("--static-only", action="store_true", help="skip the traced 2-rank world")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"static": static(args.src.resolve())}
+    if not args.static_only:
+        report["dynamic"] = dynamic(args.src.resolve())
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    s = report["static"]
+    print(f"files {s['files']}, lines {s['lines']}, modules per package {s['modules_per_package']}")
+    print(f"functions over 60 lines: {len(s['functions_over_60_lines'])} {s['functions_over_60_lines']}")
+    print(f"import pairs both ways: {len(s['import_pairs_both_ways'])} {s['import_pairs_both_ways']}")
+    print(f"private cross-package imports: {len(s['private_cross_package_imports'])}")
+    for line in s["private_cross_package_imports"]:
+        print(f"  {line}")
+    for rank, d in report.get("dynamic", {}).items():
+        print(
+            f"{rank}: setup() entered {d['init_modules_entered']} init modules ({d['modules_entered']} in all); "
+            f"cross-module calls: {d['cross_module_calls_init']} within init, {d['cross_module_calls_package']} "
+            f"in the package (all threads; {d['cross_module_calls_main_thread']} on the calling thread)"
+        )
+        print(f"  call pairs both ways: {len(d['call_pairs_both_ways'])} {d['call_pairs_both_ways']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
