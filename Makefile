@@ -59,9 +59,10 @@ unit: $(STAMP)
 integration: $(STAMP) system
 	$(BIN)/python -m pytest tests/integration -q $(PYTEST_ARGS)
 
-# The README's test command: system packages, venv, lint, the built wheel checked, then every test.
+# The README's test command: system packages, venv, lint, the built wheel checked, then every test
+# (the 25 slowest listed at the end, so every CI log says where the suite's time goes).
 test: $(STAMP) system lint dist-check
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # Every benchmark, then the plots and docs/benchmarks.md from benchmarks/results/*.json (the plots are
 # rendered even when a benchmark reports a missed target; the exit status still says so).
