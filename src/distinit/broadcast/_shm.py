@@ -1,112 +1,157 @@
-"""Same-host shared memory: one private segment per host, written once, read by the host's other ranks.
+"""Same-host shared memory: one sealed, nameless segment per host, written once, read by the host's other ranks.
 
-Steps (every rank of the group takes part in both status exchanges, which are also the memory barriers):
+Steps (every rank of the group takes part in the three status exchanges, which are also the memory barriers):
 
-1. Each host's leader (src on its host, else its lowest rank) creates ``/dev/shm/distinit-bc-<port>-<token>-
-   <seq>-h<host>`` with ``O_CREAT | O_EXCL``, mode 0600, and writes the payload into it (``pwrite``); across
-   hosts src first sends the packed bytes to every other host's leader (point to point).
-2. Status exchange "written". Readers then open the segment and check its size, owner and mode.
-3. Status exchange "opened". Leaders unlink the segment at once: from here on nothing is left in
-   ``/dev/shm`` whatever happens; the memory lives as long as a descriptor or mapping does. Readers read
-   into their tensors (``preadv``), or with ``zero_copy`` keep tensors that view a private mapping.
+1. Each host's leader (src on its host, else its lowest rank) creates an anonymous memory file
+   (``memfd_create``, named ``distinit-bc-<pid+start time>-<call>`` for ``/proc`` readers only, never in
+   ``/dev/shm``), mode 0400, and writes the payload into it with ``pwrite``, computing a CRC-32 of the bytes
+   as it goes (across hosts src first sends the packed bytes to every other host's leader, point to point).
+   It then seals the file: ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL``. From here on nobody,
+   the leader included, can change, shrink or grow it.
+2. Status exchange "written": the leader's row carries its pid, the descriptor number, the file's
+   (st_dev, st_ino) and the CRC-32. Readers open ``/proc/<leader pid>/fd/<n>`` read-only, and check the
+   device and inode (the file the leader created, not one swapped in), size, owner and seals.
+3. Status exchange "opened"; the leader closes its descriptor. Readers map the segment (private mapping of a
+   read-only descriptor: their writes stay in their own pages) and check the CRC-32 before anything reaches
+   their tensors; then copy out, or with ``zero_copy`` keep tensors that view the mapping.
+4. Status exchange "verified": a reader that found other bytes than src wrote makes every rank raise the
+   same error.
 
-Any failure unlinks the segment (the leader, and best effort the readers, since the leader may be the one
-that died). The token is src's random 126 bits, agreed through the group: another job cannot find or
-guess a segment, and ``O_EXCL`` refuses a name someone else created.
+Nothing is ever named in ``/dev/shm``: the memory lives exactly as long as a descriptor or mapping does, so a
+job SIGKILLed at any step leaves nothing behind. A sealed file cannot be truncated, so a ``zero_copy`` view
+never dies of SIGBUS, and its pages cannot change after the call returned.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import fcntl
 import logging
 import mmap
 import os
+import stat
+import zlib
 
 import torch
 import torch.distributed as dist
 
+from distinit.broadcast import _creator
 from distinit.broadcast._group import CallContext
-from distinit.broadcast._transport import (
-    allocate,
-    as_bytes,
-    copy_back,
-    host_buffer,
-    is_lazy,
-    wait_or_raise,
-    wire_view,
+from distinit.broadcast._transport import wait_or_raise, wire_view
+from distinit.broadcast._via import (
+    SHM_DIR,
+    Route,
+    Spec,
+    byte_view,
+    nbytes_of,
+    slots,
+    sync,
+    sync_words,
+    transport_error,
+    unpack,
 )
-from distinit.broadcast._via import SHM_DIR, Route, Spec, byte_view, nbytes_of, slots, sync, transport_error, unpack
 
 logger = logging.getLogger("distinit.broadcast")
 
 OK = 0
 CREATE_FAILED = 1000  # + errno
 ATTACH_FAILED = 2000  # + errno
-CHUNK = 1 << 30  # bytes per pwrite/preadv call
+CORRUPT = 3001
+FOREIGN = 3002
+UNSEALED = 3003
+CHUNK = 8 << 20  # bytes per pwrite, and per CRC step (cache-hot when the bytes are written or checked)
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+ROW = 6  # status, pid, fd, st_dev, st_ino, crc32
+VERIFY = True
+"""Whether readers check the CRC-32 (the benchmark turns it off to measure its cost; nothing else should)."""
+
+_TEXT = {
+    CORRUPT: "found other bytes than src wrote (CRC-32 mismatch: the segment was written by another process "
+    "before it was sealed)",
+    FOREIGN: "opened a file that is not the one its leader created (device, inode, size or owner differ)",
+    UNSEALED: "found its host's segment not sealed against writes",
+}
 
 
-def segment_path(ctx: CallContext, route: Route, host: int) -> str:
-    """The segment's path: job port, src's random token, call number and host index."""
-    job = os.environ.get("MASTER_PORT", "0")
-    return os.path.join(SHM_DIR, f"distinit-bc-{job}-{route.token}-{ctx.seq}-h{host}")
+def _signed(value: int) -> int:
+    """A 64-bit unsigned value (an inode number) as the int64 a status row carries."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 class Segment:
-    """An open segment: the leader's (created, then written with ``pwrite``) or a reader's (checked, then read).
+    """A host's segment: the leader's (created, written with ``pwrite``, sealed) or a reader's (opened, checked).
 
-    Bytes go in and out with system calls, not through a mapping: a full ``/dev/shm`` then fails a write
-    with ENOSPC (a write through a mapping would die of SIGBUS), and a copy costs no page fault per 4 KiB
-    (measured: reading 256 MiB through a fresh mapping was 4x slower than ``preadv``). Only zero-copy
-    receivers map it, privately.
+    Bytes go in with system calls, not through a mapping: a write that cannot get memory then fails with
+    an errno (a write through a mapping would die of SIGBUS). Readers map it, after the seal.
     """
 
-    def __init__(self, path: str, fd: int, size: int) -> None:
-        self.path, self.fd, self.size = path, fd, size
+    def __init__(self, fd: int, size: int, crc: int = 0) -> None:
+        self.fd, self.size, self.crc = fd, size, crc
 
     @classmethod
-    def create(cls, path: str, size: int) -> Segment:
-        """Create a new segment, mode 0600 (fails if the name exists: ``O_EXCL``)."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    def create(cls, size: int, name: str) -> Segment:
+        """A new anonymous memory file of ``size`` bytes, mode 0400, sealable (nothing appears in /dev/shm)."""
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.fchmod(fd, 0o600)
+            os.fchmod(fd, 0o400)  # a same-uid process reopening it through /proc gets it read-only
             os.ftruncate(fd, size)
         except BaseException:
             os.close(fd)
-            unlink(path)
             raise
-        return cls(path, fd, size)
-
-    @classmethod
-    def attach(cls, path: str, size: int) -> Segment:
-        """Open an existing segment for reading, after checking its size, owner and mode."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        st = os.fstat(fd)
-        if st.st_size != size or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            os.close(fd)
-            raise OSError(errno.EPERM, f"size {st.st_size} (want {size}), uid {st.st_uid}, mode {st.st_mode:o}")
-        return cls(path, fd, size)
+        return cls(fd, size)
 
     def write(self, offset: int, data: torch.Tensor) -> None:
-        """Write a CPU contiguous uint8 tensor at ``offset``."""
+        """Write a CPU contiguous uint8 tensor at ``offset``, adding its bytes to the running CRC-32."""
         view, done = byte_view(data), 0
         while done < len(view):
-            done += os.pwrite(self.fd, view[done : done + CHUNK], offset + done)
+            piece = view[done : done + CHUNK]
+            self.crc = zlib.crc32(piece, self.crc)
+            wrote = 0
+            while wrote < len(piece):
+                wrote += os.pwrite(self.fd, piece[wrote:], offset + done + wrote)
+            done += len(piece)
 
-    def read_into(self, offset: int, out: torch.Tensor) -> None:
-        """Fill a CPU contiguous uint8 tensor from ``offset``."""
-        view, done = byte_view(out), 0
-        while done < len(view):
-            got = os.preadv(self.fd, [view[done : done + CHUNK]], offset + done)
-            if not got:
-                raise OSError(errno.EIO, f"{self.path} ended at {offset + done} bytes, {self.size} expected")
-            done += got
+    def seal(self) -> None:
+        """Forbid every later change of size or content, by anyone (``EBUSY``: someone holds a writable mapping)."""
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
+
+    def row(self) -> list[int]:
+        """What readers need to find and check this segment: OK, pid, descriptor, device, inode, CRC-32."""
+        st = os.fstat(self.fd)
+        return [OK, os.getpid(), self.fd, _signed(st.st_dev), _signed(st.st_ino), self.crc]
+
+    @classmethod
+    def attach(cls, row: list[int], size: int) -> tuple[int, Segment | None]:
+        """Open the leader's segment read-only from its status row; a status and the segment, or a status why not."""
+        _, pid, fd_number, dev, ino, crc = row
+        try:
+            fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            logger.debug("cannot open /proc/%d/fd/%d: %s", pid, fd_number, exc)
+            return ATTACH_FAILED + (exc.errno or 0), None
+        try:
+            st = os.fstat(fd)
+            same = (_signed(st.st_dev), _signed(st.st_ino)) == (dev, ino) and stat.S_ISREG(st.st_mode)
+            if not same or st.st_size != size or st.st_uid != os.geteuid():
+                logger.debug("segment of pid %d: dev/ino %s/%s, size %d, uid %d", pid, st.st_dev, st.st_ino,
+                             st.st_size, st.st_uid)  # fmt: skip
+                os.close(fd)
+                return FOREIGN, None
+            if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
+                os.close(fd)
+                return UNSEALED, None
+        except OSError as exc:
+            os.close(fd)
+            return ATTACH_FAILED + (exc.errno or 0), None
+        return OK, cls(fd, size, crc)
 
     def map_private(self) -> torch.Tensor:
         """The whole segment as a uint8 tensor over a private copy-on-write mapping (writes stay here).
 
-        The tensor keeps the mapping alive (``torch.frombuffer`` holds the mmap object); it is unmapped when
-        the last view is freed. Never closed explicitly: that would leave the views dangling.
+        The descriptor is read-only and the segment sealed: no write through this mapping can reach the
+        segment, and nobody can change or shrink it under the mapping. The tensor keeps the mapping alive
+        (``torch.frombuffer`` holds the mmap object); it is unmapped when the last view is freed.
         """
         return torch.frombuffer(mmap.mmap(self.fd, self.size, access=mmap.ACCESS_COPY), dtype=torch.uint8)
 
@@ -115,10 +160,14 @@ class Segment:
         os.close(self.fd)
 
 
-def unlink(path: str) -> None:
-    """Remove a segment's name; gone already is fine (another rank of the host removed it)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def payload_crc(data: torch.Tensor, spec: Spec, offsets: list[int]) -> int:
+    """The CRC-32 of each tensor's bytes in order (padding excluded), over a packed CPU uint8 buffer."""
+    crc = 0
+    for (dtype, shape), offset in zip(spec, offsets, strict=True):
+        view = byte_view(data[offset : offset + nbytes_of(dtype, shape)])
+        for start in range(0, len(view), CHUNK):
+            crc = zlib.crc32(view[start : start + CHUNK], crc)
+    return crc
 
 
 def transfer(
@@ -135,48 +184,49 @@ def transfer(
     to be allocated (or, with ``zero_copy``, to view the shared pages).
 
     Raises:
-        BroadcastMismatchError: ``field="transport"``, on every rank: a segment could not be created,
-            written or opened on some rank (named, with the errno).
-        BroadcastTimeoutError: a peer died or a step timed out (on the waiting rank); the segment is
-            unlinked all the same.
+        BroadcastMismatchError: on every rank: a segment could not be created, written, sealed or opened on
+            some rank (``field="transport"``, named, with the errno), or a reader found it was not the
+            leader's segment or not the bytes src wrote (``field="payload"``); no receiver's buffer was
+            written then.
+        BroadcastTimeoutError: a peer died or a step timed out (on the waiting rank).
     """
     offsets, total = slots(spec)
     host = route.host_of(ctx.rank)
-    leader = route.hosts[host][0] == ctx.rank
-    path = segment_path(ctx, route, host)
+    leader = route.hosts[host][0]
     seg: Segment | None = None
     staging: torch.Tensor | None = None
     try:
-        if leader:
-            status, seg, staging = _write(ctx, route, path, offsets, total, sources)
+        if leader == ctx.rank:
+            status, seg, staging = _write(ctx, route, spec, offsets, total, sources)
+            row = seg.row() if seg is not None and status == OK else [status] + [0] * (ROW - 1)
         else:
-            status = OK
-        _check(ctx, sync(ctx, status, "shared-memory write"), "writing")
-        if not leader:
-            status, seg = _attach(path, total)
-        statuses = sync(ctx, status, "shared-memory attach")
-        if leader:
-            unlink(path)  # every reader of this host has it open: nothing is left behind from here on
+            row = [OK] + [0] * (ROW - 1)
+        rows = sync_words(ctx, row, "shared-memory write")
+        _check(ctx, [r[0] for r in rows], "writing")
+        if leader != ctx.rank:
+            status, seg = Segment.attach(rows[leader], total)
+        statuses = sync(ctx, status if leader != ctx.rank else OK, "shared-memory attach")
+        if leader == ctx.rank and seg is not None:
+            seg.close()  # every reader of this host holds its own descriptor now
+            seg = None
         _check(ctx, statuses, "opening")
+        mapped = _verified(seg, spec, offsets) if seg is not None else None
+        _check(ctx, sync(ctx, OK if seg is None or mapped is not None else CORRUPT, "shared-memory verify"), "reading")
         if ctx.rank == ctx.src and sources is not None:
             return sources
-        if staging is not None:  # a leader that received across hosts holds the bytes already
-            return unpack(ctx, staging, spec, offsets, outs, zero_copy=zero_copy)
-        if seg is None:  # unreachable: a reader with status OK has opened the segment
+        data = staging if staging is not None else mapped
+        if data is None:  # unreachable: a reader with status OK has opened and verified the segment
             raise RuntimeError(f"{ctx.call}: rank {ctx.rank} has no shared-memory segment to read")
-        return _read(ctx, seg, spec, offsets, outs, zero_copy=zero_copy)
-    except BaseException:
-        unlink(path)  # the leader's, or a reader's best effort when the leader died
-        raise
+        return unpack(ctx, data, spec, offsets, outs, zero_copy=zero_copy)
     finally:
         if seg is not None:
             seg.close()
 
 
 def _write(
-    ctx: CallContext, route: Route, path: str, offsets: list[int], total: int, sources: list[torch.Tensor] | None
+    ctx: CallContext, route: Route, spec: Spec, offsets: list[int], total: int, sources: list[torch.Tensor] | None
 ) -> tuple[int, Segment | None, torch.Tensor | None]:
-    """A leader's part: get the bytes (src: its tensors; others: from src across hosts), write its host's segment.
+    """A leader's part: get the bytes (src: its tensors; others: from src across hosts), write and seal the segment.
 
     Returns the status, the segment (None when no other rank shares the host), and the bytes received
     across hosts (None on src).
@@ -190,20 +240,25 @@ def _write(
                 wire, _ = wire_view(tensor, _CPU)
                 packed[offset : offset + wire.numel()].copy_(wire)
         _across_hosts(ctx, route, packed)
+    received = None if is_src else packed
     if len(route.hosts[route.host_of(ctx.rank)]) == 1:
-        return OK, None, None if is_src else packed
+        return OK, None, received
     seg = None
     try:
-        seg = Segment.create(path, total)
-        if packed is not None:
-            seg.write(0, packed)
-        else:
+        seg = Segment.create(total, f"{_creator.PREFIX}{_creator.tag()}-{ctx.seq}")
+        if packed is None:
             for offset, tensor in zip(offsets, sources or [], strict=True):
                 seg.write(offset, wire_view(tensor, _CPU)[0])
-    except OSError as exc:  # ENOSPC from a full /dev/shm lands here, never as SIGBUS
-        logger.debug("rank %d: cannot create or write %s: %s", ctx.rank, path, exc)
-        return CREATE_FAILED + (exc.errno or 0), seg, None if is_src else packed
-    return OK, seg, None if is_src else packed
+        else:
+            for (dtype, shape), offset in zip(spec, offsets, strict=True):
+                seg.write(offset, packed[offset : offset + nbytes_of(dtype, shape)])
+        seg.seal()
+    except OSError as exc:  # no memory (ENOMEM/ENOSPC), or EBUSY: someone mapped it writable before the seal
+        logger.debug("rank %d: cannot create, write or seal its host's segment: %s", ctx.rank, exc)
+        if seg is not None:
+            seg.close()
+        return CREATE_FAILED + (exc.errno or 0), None, received
+    return OK, seg, received
 
 
 _CPU = torch.device("cpu")
@@ -228,53 +283,39 @@ def _across_hosts(ctx: CallContext, route: Route, buf: torch.Tensor) -> None:
         buf.copy_(wire)
 
 
-def _attach(path: str, total: int) -> tuple[int, Segment | None]:
-    try:
-        return OK, Segment.attach(path, total)
-    except OSError as exc:
-        logger.debug("cannot open %s: %s", path, exc)
-        return ATTACH_FAILED + (exc.errno or 0), None
-
-
-def _read(
-    ctx: CallContext, seg: Segment, spec: Spec, offsets: list[int], outs: list[torch.Tensor | None], *, zero_copy: bool
-) -> list[torch.Tensor]:
-    """A reader's tensors: views of a private mapping (zero-copy, receivers passing None) or read into buffers."""
-    mapped = seg.map_private() if zero_copy and any(out is None for out in outs) else None
-    result = []
-    for (dtype, shape), offset, out in zip(spec, offsets, outs, strict=True):
-        nbytes = nbytes_of(dtype, shape)
-        if out is None and mapped is not None and nbytes:
-            result.append(mapped[offset : offset + nbytes].view(dtype).view(shape))
-            continue
-        if out is None:
-            out = allocate(ctx, shape, dtype=dtype, device="cpu")
-        if nbytes and out.is_cpu and out.is_contiguous() and not is_lazy(out):
-            seg.read_into(offset, as_bytes(out))
-        elif nbytes:
-            staged = host_buffer(nbytes, pinned=out.is_cuda)
-            seg.read_into(offset, staged)
-            copy_back(out, staged)
-        result.append(out)
-    return result
+def _verified(seg: Segment, spec: Spec, offsets: list[int]) -> torch.Tensor | None:
+    """A reader's mapping of the sealed segment once its CRC-32 matched src's (None when it did not)."""
+    mapped = seg.map_private() if seg.size else torch.empty(0, dtype=torch.uint8)
+    if not VERIFY or payload_crc(mapped, spec, offsets) == seg.crc:
+        return mapped
+    logger.debug("segment CRC-32 mismatch: src wrote %08x", seg.crc)
+    return None
 
 
 def _check(ctx: CallContext, statuses: list[int], step: str) -> None:
-    """Raise the same error on every rank when a rank could not create or map its host's segment."""
+    """Raise the same error on every rank when some rank could not create, open or verify its host's segment."""
     bad = {r: _status_text(s) for r, s in enumerate(statuses) if s != OK}
-    if bad:
-        raise transport_error(
-            ctx,
-            bad,
-            step=f"shared memory ({step})",
-            why=f"{SHM_DIR} refused the segment: full, not writable, or not the file this job created",
-            fix=f"check {SHM_DIR} on the named ranks' hosts (df, permissions), or pass via='network'",
-        )
+    if not bad:
+        return
+    if all(s in _TEXT for s in statuses if s != OK):
+        why = ("another process changed or replaced the segment between its creation and its seal; only a "
+               "process of the same user (or root) can, through /proc/<pid>/fd")  # fmt: skip
+        fix = "find the process of your user that opens other processes' descriptors, or pass via='network'"
+        field = "payload"
+    else:
+        why = ("the host had no memory for the segment, a process held it mapped writable when the leader "
+               "sealed it, or a reader cannot open /proc/<leader pid>/fd (another pid namespace, hidepid)")  # fmt: skip
+        fix = (f"check free memory and {SHM_DIR} on the named ranks' hosts, run each host's ranks in one pid "
+               "namespace, or pass via='network'")  # fmt: skip
+        field = "transport"
+    raise transport_error(ctx, bad, step=f"shared memory ({step})", why=why, fix=fix, field=field)
 
 
 def _status_text(status: int) -> str:
+    if status in _TEXT:
+        return _TEXT[status]
     if status < ATTACH_FAILED:
-        kind, code = "could not create", status - CREATE_FAILED
+        kind, code = "could not create, write or seal", status - CREATE_FAILED
     else:
-        kind, code = "could not map", status - ATTACH_FAILED
+        kind, code = "could not open", status - ATTACH_FAILED
     return f"{kind} its host's segment ({errno.errorcode.get(code, code)}: {os.strerror(code)})"

@@ -245,14 +245,24 @@ def sync(ctx: CallContext, status: int, phase: str) -> list[int]:
     Raises:
         BroadcastTimeoutError: a peer died or the exchange timed out (``phase`` names the step).
     """
-    word = torch.tensor([status], dtype=torch.int64).view(torch.uint8)
+    return [row[0] for row in sync_words(ctx, [status], phase)]
+
+
+def sync_words(ctx: CallContext, words: list[int], phase: str) -> list[list[int]]:
+    """Every rank's row of int64 words (one all_gather; every rank passes as many): :func:`sync` with more facts.
+
+    Raises:
+        BroadcastTimeoutError: a peer died or the exchange timed out (``phase`` names the step).
+    """
+    row = torch.tensor(words, dtype=torch.int64).view(torch.uint8)
     try:
         blobs = _header.exchange_blobs(
-            word, width=8, group_size=ctx.size, group=ctx.group, device=ctx.comm_device, wait_for=ctx.wait_for
-        )
+            row, width=8 * len(words), group_size=ctx.size, group=ctx.group, device=ctx.comm_device,
+            wait_for=ctx.wait_for,
+        )  # fmt: skip
     except _header.CollectiveFailed as exc:
         raise timeout_error(ctx, phase, exc) from exc
-    return [int(b.view(torch.int64)[0]) for b in blobs]
+    return [b.view(torch.int64).tolist() for b in blobs]
 
 
 Spec = list[tuple[torch.dtype, tuple[int, ...]]]

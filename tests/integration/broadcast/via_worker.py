@@ -150,14 +150,14 @@ def scenario(name: str, rank: int, events: Events) -> dict[str, Any]:
 def inject(fault: str, rank: int) -> None:
     """Wrap one of distinit's own transport steps in this process to cause a real fault."""
     if fault == "kill-after-attach" and rank == 1:
-        attach = _shm._attach
+        attach = _shm.Segment.attach
 
-        def attach_then_die(path: str, total: int) -> Any:
-            result = attach(path, total)
+        def attach_then_die(row: list[int], total: int) -> Any:
+            result = attach(row, total)
             os.kill(os.getpid(), signal.SIGKILL)
             return result
 
-        _shm._attach = attach_then_die
+        _shm.Segment.attach = attach_then_die  # type: ignore[method-assign]
     if fault in ("truncate", "corrupt") and rank == 0:
         write = _file.write
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import stat
 from pathlib import Path
@@ -91,25 +93,58 @@ def test_host_key_is_stable_within_a_process() -> None:
     assert _via.host_key() == _via.host_key()
 
 
-def test_segment_is_private_exclusive_and_copy_on_write(tmp_path: Path) -> None:
-    path = str(tmp_path / "seg")
-    seg = _shm.Segment.create(path, 4096)
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    with pytest.raises(FileExistsError):
-        _shm.Segment.create(path, 4096)
-    seg.write(0, torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
-    reader = _shm.Segment.attach(path, 4096)
-    out = torch.zeros(4, dtype=torch.uint8)
-    reader.read_into(0, out)
-    assert out.tolist() == [1, 2, 3, 4]
+def _written(data: list[int], size: int = 4096) -> _shm.Segment:
+    seg = _shm.Segment.create(size, "distinit-bc-unit")
+    seg.write(0, torch.tensor(data, dtype=torch.uint8))
+    return seg
+
+
+def test_segment_is_nameless_sealed_and_copy_on_write() -> None:
+    before = set(os.listdir("/dev/shm"))
+    seg = _written([1, 2, 3, 4])
+    assert set(os.listdir("/dev/shm")) == before  # a memfd: nothing named anywhere
+    assert stat.S_IMODE(os.fstat(seg.fd).st_mode) == 0o400
+    seg.seal()
+    with pytest.raises(PermissionError):  # sealed: not even the leader can change, shrink or grow it
+        os.pwrite(seg.fd, b"x", 0)
+    with pytest.raises(PermissionError):
+        os.ftruncate(seg.fd, 0)
+    status, reader = _shm.Segment.attach(seg.row(), 4096)
+    assert status == _shm.OK and reader is not None
     view = reader.map_private()
+    assert view[:4].tolist() == [1, 2, 3, 4]
     view[0] = 99  # private: the segment keeps 1
-    reader.read_into(0, out)
-    assert out[0] == 1 and view[1] == 2
-    with pytest.raises(OSError, match="size"):
-        _shm.Segment.attach(path, 8192)
-    _shm.unlink(path)
-    _shm.unlink(path)  # gone already: fine
+    assert os.pread(reader.fd, 1, 0) == b"\x01"
+    with pytest.raises(OSError, match="Bad file descriptor"):  # read-only descriptor
+        os.pwrite(reader.fd, b"x", 0)
+    assert _shm.payload_crc(view, [(torch.uint8, (4,))], [0]) != reader.crc  # the write is seen as a change
     seg.close()
     reader.close()
-    assert view[0] == 99  # the mapping outlives its descriptor and name
+    assert view[0] == 99 and view[1] == 2  # the mapping outlives both descriptors
+
+
+def test_a_reader_refuses_another_file_an_unsealed_one_or_the_wrong_size() -> None:
+    seg, other = _written([1]), _written([1])
+    other.seal()
+    forged = [*seg.row()[:3], *other.row()[3:]]  # this descriptor, another file's device and inode
+    assert _shm.Segment.attach(forged, 4096) == (_shm.FOREIGN, None)
+    assert _shm.Segment.attach(seg.row(), 4096) == (_shm.UNSEALED, None)
+    seg.seal()
+    assert _shm.Segment.attach(seg.row(), 8192) == (_shm.FOREIGN, None)
+    gone = [_shm.OK, 2**22 + 1, 3, 0, 0, 0]  # beyond pid_max: no such process
+    assert _shm.Segment.attach(gone, 4096)[0] == _shm.ATTACH_FAILED + errno.ENOENT
+    seg.close()
+    other.close()
+
+
+def test_a_writable_shared_mapping_makes_the_seal_fail() -> None:
+    """An early writer that maps the segment shared and writable: the seal is refused (EBUSY), never skipped."""
+    seg = _written([1])
+    fd = os.open(f"/proc/self/fd/{seg.fd}", os.O_RDWR)
+    shared = mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    with pytest.raises(OSError, match="busy") as caught:
+        seg.seal()
+    assert caught.value.errno == errno.EBUSY
+    shared.close()
+    os.close(fd)
+    seg.close()
