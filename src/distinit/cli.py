@@ -6,6 +6,10 @@ it for real (``--check``: form a gloo group with the exported values and verify 
 ``distinit doctor`` checks every rank and the world as a whole before a job (see docs/doctor.md).
 Exit status: 0 ok, 2 bad environment or set-up error, 3 the world check of ``env --check`` failed;
 ``doctor``: 0 nothing failed (warnings allowed), 1 a check failed, 2 bad environment.
+
+``--help`` must answer at once (issue 27: <= 0.3 s): this module imports only the stdlib at the top. pydantic,
+torch and the checks are imported by the handler of the command that runs, and the watchdog's parser
+(``distinit.watchdog`` imports pydantic) only when the command line names ``watchdog``.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ import shlex
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distinit._duration import to_seconds
 from distinit._foreign import first_line
-from distinit.doctor._cli import add_doctor_parser
-from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError, RendezvousError, SchedulerEnvError
-from distinit.watchdog._daemon import add_watchdog_parser
+
+if TYPE_CHECKING:
+    from distinit.env import DistEnv
 
 EXIT_OK = 0
 EXIT_BAD_ENV = 2
@@ -137,6 +141,8 @@ def _judge(env: DistEnv, total: int, peers: list[Any]) -> dict[str, Any]:
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
+    from distinit.env import env_from_scheduler
+
     try:
         env = env_from_scheduler(strict=not args.no_strict)
     except SchedulerEnvError as exc:
@@ -181,8 +187,53 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0") from exc
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``distinit`` argument parser."""
+#: The doctor's check ids, in report order (``distinit.doctor._model.ALL_IDS``; a unit test keeps them equal).
+#: Spelled here so that ``--help`` does not import the doctor (pydantic, torch).
+DOCTOR_IDS = (
+    *("env", "limits", "shm", "host", "names", "route", "gpu"),
+    *("world", "consensus", "clock", "nodes", "reach", "bandwidth", "nccl"),
+)
+WATCHDOG_HELP = "same-host watchdog that kills hung workers"
+
+
+def _ids(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated doctor check ids."""
+    ids = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [i for i in ids if i not in DOCTOR_IDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown check id(s) {unknown}; the ids are {', '.join(DOCTOR_IDS)}")
+    return ids
+
+
+def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``distinit doctor`` (and ``python -m distinit.doctor``) on ``parser``."""
+    parser.add_argument("--json", action="store_true", help="one JSON document per rank (rank 0: the world)")
+    parser.add_argument("--timeout", type=_seconds, default=60.0, metavar="S", help="bound for everything (60 s)")
+    parser.add_argument("--bandwidth", action="store_true", help="also time 64 MiB between neighbouring hosts")
+    parser.add_argument("--nccl", action="store_true", help="also one small NCCL all_reduce (GPU machines)")
+    parser.add_argument("--skip", type=_ids, action="append", default=[], metavar="ID,...", help="check ids not to run")
+    parser.add_argument("--no-strict", action="store_true", help="treat 'not launched' as a single process")
+    parser.set_defaults(handler=_cmd_doctor)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from distinit.doctor._cli import run_from_args  # torch and the checks: only when the doctor runs
+
+    return run_from_args(args)
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The sub-command ``argv`` names (its first word that is not an option), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``distinit`` argument parser for ``argv`` (default ``sys.argv[1:]``).
+
+    The watchdog's real parser is added only when ``argv`` names ``watchdog`` (it imports pydantic); any other
+    command line gets a stand-in that lists it in ``--help``.
+    """
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="distinit",
         description="torch.distributed start-up that survives real launchers: resolve and check the world, "
@@ -199,14 +250,26 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--check", action="store_true", help="form a real gloo group and verify the world")
     env.add_argument("--check-timeout", type=_seconds, default=60.0, metavar="S", help="bound for --check (60 s)")
     env.set_defaults(handler=_cmd_env)
-    add_watchdog_parser(commands)
-    add_doctor_parser(commands)
+    if _command_of(argv) == "watchdog":
+        from distinit.watchdog._daemon import add_watchdog_parser
+
+        add_watchdog_parser(commands)
+    else:
+        commands.add_parser("watchdog", help=WATCHDOG_HELP)
+    doctor = commands.add_parser(
+        "doctor",
+        help="find what will make a distributed job hang, before it runs (run it on every rank)",
+        description="Local checks on every rank, then world checks through one gloo group. "
+        "Exit 0: nothing failed; 1: a check failed; 2: bad environment. See docs/doctor.md.",
+    )
+    add_doctor_arguments(doctor)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``distinit`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     # The watchdog daemon's lifecycle events (started, adopted, exited while armed) are INFO.
     verbosity = args.verbose + (1 if args.command == "watchdog" else 0)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbosity, 2)]

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
-from distinit.doctor._cli import add_doctor_arguments, run_from_args
+from distinit.cli import main as cli_main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, run the doctor, return its exit status."""
-    parser = argparse.ArgumentParser(prog="python -m distinit.doctor", description="distinit doctor")
-    add_doctor_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run_from_args(args)
+    """Run ``distinit doctor`` with ``argv`` (default ``sys.argv[1:]``); return its exit status."""
+    return cli_main(["doctor", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

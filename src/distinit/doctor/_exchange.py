@@ -10,12 +10,16 @@ from typing import Any
 MAX_BYTES = 1 << 20
 
 
-def gather_json(document: Any, *, world_size: int, timeout: float, group: Any = None) -> list[Any]:
-    """Every rank's ``document``, in rank order, within ``timeout`` seconds per collective.
+def gather_bytes(document: Any, *, world_size: int, timeout: float, group: Any = None) -> list[bytes | None]:
+    """Every rank's ``document`` as the JSON bytes it sent, in rank order, within ``timeout`` per collective.
+
+    A rank that announces a size out of bounds (0, or over :data:`MAX_BYTES`) is None in the result: every
+    rank sees the same sizes, so every rank gathers the same length and reaches the same list. The bytes
+    are not parsed here: the caller validates each rank's against its model.
 
     Raises:
         RuntimeError: a collective failed or ran out of time (torch's own error).
-        ValueError: a document is over :data:`MAX_BYTES` or not JSON.
+        ValueError: this rank's own document is over :data:`MAX_BYTES`.
     """
     import torch
     import torch.distributed as dist
@@ -26,11 +30,27 @@ def gather_json(document: Any, *, world_size: int, timeout: float, group: Any = 
     bound = timedelta(seconds=timeout)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
     dist.all_gather(sizes, torch.tensor([len(raw)], dtype=torch.int64), group=group, async_op=True).wait(bound)
-    longest = max(int(s.item()) for s in sizes)
-    if longest > MAX_BYTES or longest < 1:
-        raise ValueError(f"a rank announced a {longest}-byte document (limit {MAX_BYTES})")
+    announced = [int(s.item()) for s in sizes]
+    longest = max([n for n in announced if 1 <= n <= MAX_BYTES], default=1)
     mine = torch.zeros(longest, dtype=torch.uint8)
     mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     gathered = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world_size)]
     dist.all_gather(gathered, mine, group=group, async_op=True).wait(bound)
-    return [json.loads(bytes(t[: int(n.item())].tolist())) for t, n in zip(gathered, sizes, strict=True)]
+    return [
+        bytes(t[:n].numpy().tobytes()) if 1 <= n <= MAX_BYTES else None
+        for t, n in zip(gathered, announced, strict=True)
+    ]
+
+
+def gather_json(document: Any, *, world_size: int, timeout: float, group: Any = None) -> list[Any]:
+    """Every rank's ``document`` parsed, in rank order (for trusted callers; the doctor validates bytes).
+
+    Raises:
+        RuntimeError: a collective failed or ran out of time (torch's own error).
+        ValueError: a document is over :data:`MAX_BYTES`, announced out of bounds, or not JSON.
+    """
+    found = gather_bytes(document, world_size=world_size, timeout=timeout, group=group)
+    bad = [rank for rank, raw in enumerate(found) if raw is None]
+    if bad:
+        raise ValueError(f"rank(s) {bad} announced a document size out of bounds (1..{MAX_BYTES} bytes)")
+    return [json.loads(raw or b"") for raw in found]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import resource
 import socket
 import time
@@ -14,7 +13,7 @@ from distinit.doctor._model import Check, OnCheck, from_error
 from distinit.doctor._route import check_route
 from distinit.doctor._shm import check_shm
 from distinit.env import DistEnv, env_from_scheduler
-from distinit.errors import SchedulerEnvError
+from distinit.errors import RendezvousError, SchedulerEnvError
 
 #: Sockets and descriptors beyond gloo's two per peer: the store, logs, libraries.
 FD_MARGIN = 128
@@ -26,6 +25,12 @@ NAMES_FIX = (
 )
 
 
+#: Notes that ``setup()`` cannot resolve: the rendezvous endpoint. Every other note is an assumption that
+#: ``setup()`` checks or derives once the group forms (the node rank from the hosts, the layout), and that the
+#: world checks (``nodes``, ``consensus``) verify here: information, not a warning.
+UNRESOLVED_NOTES = ("MASTER_ADDR is unknown", "MASTER_PORT is unknown")
+
+
 def check_env(*, strict: bool, environ: Mapping[str, str]) -> tuple[DistEnv | None, Check]:
     """Resolve the world; a failure is the bad-environment verdict (exit 2)."""
     try:
@@ -35,16 +40,18 @@ def check_env(*, strict: bool, environ: Mapping[str, str]) -> tuple[DistEnv | No
     summary = f"rank {env.rank} of {env.world_size} ({env.launcher}), local rank {env.local_rank}"
     evidence = env.model_dump(mode="json", include={"rank", "local_rank", "world_size", "local_world_size"})
     evidence.update(node_rank=env.node_rank, num_nodes=env.num_nodes, launcher=env.launcher, notes=list(env.notes))
-    if env.notes:
+    unresolved = [note for note in env.notes if note.startswith(UNRESOLVED_NOTES)]
+    if unresolved:
         return env, Check(
             id="env",
             status="warn",
-            summary=f"{summary}; {len(env.notes)} assumption(s): {env.notes[0]}",
-            fix="`distinit env --explain` lists every assumption; set the variables to remove them",
+            summary=f"{summary}; {unresolved[0]}",
+            fix="`distinit env --explain` lists every assumption; set the variables it names",
             ranks=(env.rank,),
             evidence=evidence,
         )
-    return env, Check(id="env", status="pass", summary=summary, evidence=evidence)
+    noted = f"; {len(env.notes)} note(s), see `distinit env --explain`" if env.notes else ""
+    return env, Check(id="env", status="pass", summary=summary + noted, evidence=evidence)
 
 
 def _limit(which: int) -> int | None:
@@ -99,33 +106,38 @@ def multi_node(env: DistEnv) -> bool:
     return env.local_world_size is not None and env.local_world_size < env.world_size
 
 
-def check_names(env: DistEnv | None, hostname: str) -> Check:
-    """The hostname and MASTER_ADDR resolve; loopback ones fail in a multi-node world."""
+def check_names(env: DistEnv | None, hostname: str, environ: Mapping[str, str]) -> Check:
+    """The hostname and MASTER_ADDR resolve, and gloo would not advertise loopback in a world spanning hosts.
+
+    The loopback rule is ``setup()``'s own (:func:`distinit.init._preflight.check_advertised_address`): a
+    named ``GLOO_SOCKET_IFNAME`` is the user's choice and never a ``names`` failure (``route`` checks it),
+    and a loopback MASTER_ADDR or a one-node launcher means one host.
+    """
+    from distinit.init._preflight import check_advertised_address  # torch.distributed: the doctor has it
+
     problems: list[str] = []
     evidence: dict[str, object] = {"hostname": hostname}
-    loopback_names: list[str] = []
     for label, name in (("hostname", hostname), ("MASTER_ADDR", env.master_addr if env else None)):
         if name is None:
             continue
         try:
-            found = _addresses(name)
-        except OSError as exc:
-            problems.append(f"{label} {name!r} does not resolve ({exc.strerror or exc})")
-            continue
-        evidence[label] = found
-        loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
-        if env is not None and loopback and multi_node(env):
-            problems.append(f"{label} {name!r} resolves to loopback {found} in a multi-node world")
-            loopback_names.append(label)
+            evidence[label] = _addresses(name)
+        except (OSError, UnicodeError) as exc:
+            problems.append(f"{label} {name!r} does not resolve ({getattr(exc, 'strerror', None) or exc})")
     if problems:
-        return Check(
-            id="names",
-            status="fail",
-            summary="; ".join(problems),
-            fix=NAMES_FIX,
-            # only loopback problems: excused in the world report when every host shares one kernel
-            evidence={**evidence, "loopback": loopback_names, "problems": len(problems)},
-        )
+        return Check(id="names", status="fail", summary="; ".join(problems), fix=NAMES_FIX, evidence=evidence)
+    if env is not None:
+        try:
+            check_advertised_address("gloo", env, environ)
+        except RendezvousError as exc:
+            return Check(
+                id="names",
+                status="fail",
+                summary=str(exc).splitlines()[0],
+                fix=exc.fix or NAMES_FIX,
+                # a loopback-only problem: excused in the world report when every host shares one kernel
+                evidence={**evidence, "loopback": ["hostname"], "problems": 1, "error": str(exc)},
+            )
     return Check(id="names", status="pass", summary=f"{hostname} and MASTER_ADDR resolve", evidence=evidence)
 
 
@@ -180,7 +192,7 @@ def run_local(
         ("limits", lambda: check_limits(world_size), 1.0, "getrlimit"),
         ("shm", lambda: check_shm(local_world_size=local_world_size), 2.0, "a scan of /dev/shm and /proc"),
         ("host", lambda: check_host(identity), 1.0, "/proc reads"),
-        ("names", lambda: check_names(env, identity.hostname), NAME_TIMEOUT, "the name resolver"),
+        ("names", lambda: check_names(env, identity.hostname, environ), NAME_TIMEOUT, "the name resolver"),
         ("route", lambda: check_route(env, environ), NAME_TIMEOUT, "the name resolver (MASTER_ADDR)"),
         ("gpu", lambda: check_gpu(env, environ), 10.0, "the CUDA driver"),
     ]

@@ -33,6 +33,35 @@ def _merge_one(check_id: str, checks: Mapping[int, Check], host_of: Mapping[int,
     )
 
 
+#: A world that did not form for a reason a local check already failed on is that failure, not another one:
+#: (local check id, words in the world's error that show the same cause).
+CAUSES = (
+    ("route", ("_SOCKET_IFNAME",)),
+    ("names", ("loopback", "resolve")),
+)
+
+
+def follows_from(world: Check, local: Sequence[Check]) -> Check:
+    """``world`` (failed: the group did not form) as a ``skip`` pointing at the local failure that caused it.
+
+    One cause, one failure: a bad ``GLOO_SOCKET_IFNAME`` fails ``route`` and stops the rendezvous; the
+    report says so once, with the world's error kept as evidence. ``world`` is returned as it is when no
+    local failure explains it.
+    """
+    said = f"{world.summary} {world.evidence.get('error', '')}"
+    failed = {c.id for c in local if c.status == "fail"}
+    for check_id, words in CAUSES:
+        if check_id in failed and any(word in said for word in words):
+            return Check(
+                id="world",
+                status="skip",
+                summary=f"did not form, because of the {check_id} failure above: {world.summary}",
+                ranks=world.ranks,
+                evidence={**world.evidence, "caused_by": check_id, "summary": world.summary, "fix": world.fix},
+            )
+    return world
+
+
 def merge_local(per_rank: Mapping[int, Sequence[Mapping[str, Any]]], *, host_of: Mapping[int, str]) -> list[Check]:
     """One verdict per local check id over every rank's: the worst status, naming the ranks that have it."""
     by_id: dict[str, dict[int, Check]] = {}

@@ -64,6 +64,18 @@ def _nccl_problems(value: str) -> list[str]:
     return [f"NCCL_SOCKET_IFNAME={value!r} selects no interface that is up with an IPv4 address"]
 
 
+def route_fix(problems: list[str], environ: Mapping[str, str], *, iface: str) -> str:
+    """The fix for ``problems``, as the variables actually stand (never "unset" a variable that is unset)."""
+    fixes = []
+    for variable in VARIABLES:
+        if environ.get(variable) and any(p.startswith(f"{variable}=") for p in problems):
+            value = "<prefix, e.g. eth>" if variable == "NCCL_SOCKET_IFNAME" else iface
+            fixes.append(f"`export {variable}={value}` (the interface of `ip -4 route get <MASTER_ADDR>`), or unset it")
+    if any(p.startswith("MASTER_ADDR=") for p in problems):
+        fixes.append("set MASTER_ADDR to an address of rank 0's host that this host routes to (`ip -4 route get`)")
+    return "; ".join(fixes)
+
+
 def check_route(env: DistEnv | None, environ: Mapping[str, str]) -> Check:
     """Interface problems of ``environ``'s ``*_SOCKET_IFNAME`` and the route to ``env.master_addr``."""
     problems: list[str] = []
@@ -104,8 +116,7 @@ def check_route(env: DistEnv | None, environ: Mapping[str, str]) -> Check:
             id="route",
             status="fail",
             summary="; ".join(problems),
-            fix=f"`export GLOO_SOCKET_IFNAME={fix_iface}` (one concrete name; `ip -4 route get <MASTER_ADDR>` "
-            "shows it), or unset the variable",
+            fix=route_fix(problems, environ, iface=fix_iface),
             evidence={**evidence, "problems": problems},
         )
     shown = f"{evidence.get('interface')} ({evidence.get('source')})"

@@ -14,6 +14,7 @@ from distinit._identity import local_identity
 from distinit.doctor._consensus import local_facts
 from distinit.doctor._listener import Listener, gloo_address
 from distinit.doctor._local import check_env, run_local
+from distinit.doctor._merge import follows_from
 from distinit.doctor._model import ALL_IDS, WORLD_IDS, Check, DoctorReport, OnCheck, make_report
 from distinit.doctor._nccl import local_device
 from distinit.doctor._world import claim_of, form_world, leave_world, skipped, world_checks
@@ -70,7 +71,7 @@ def _world(
 
     def failed(world: Check, why: str) -> list[Check]:
         rest = skipped(world_ids(bandwidth=options.bandwidth, nccl=options.nccl)[1:], why)
-        return [*local, *_tell(on_check, [world, *rest])]
+        return [*local, *_tell(on_check, [follows_from(world, local), *rest])]
 
     reserve = min(RESERVE_CAP, RESERVE_SHARE * budget())
     identity = local_identity(environ)
@@ -98,15 +99,26 @@ def _world(
                 skip=options.skip,
                 on_check=on_check,
             )
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # a peer vanished or sent nonsense
+        except RuntimeError as exc:  # torch's collective errors: a peer closed its connection or never answered
             broken = Check(
                 id="world",
                 status="fail",
-                summary=f"the world formed, then an exchange failed: {type(exc).__name__}: {first_line(exc)}",
+                summary=f"the world formed, then a collective failed: {type(exc).__name__}: {first_line(exc)}",
                 fix="another rank stopped or ran out of time: read its output (every rank prints one line)",
                 ranks=(env.rank,),
+                evidence={"error": str(exc)[:4096]},
             )
             return failed(broken, "the exchange failed")
+        except (ValueError, KeyError, TypeError) as exc:  # peers' documents are validated: this is our bug
+            broken = Check(
+                id="world",
+                status="fail",
+                summary=f"the world formed, then the doctor failed: {type(exc).__name__}: {first_line(exc)}",
+                fix="report this as a distinit bug, with every rank's `distinit doctor --json` output",
+                ranks=(env.rank,),
+                evidence={"error": str(exc)[:4096]},
+            )
+            return failed(broken, "the doctor failed")
         finally:
             # an NCCL collective that never answered (bounded()'s timeout verdict) may still hold the group
             leave_world(created, stuck=any(c.id == "nccl" and "waiting_for" in c.evidence for c in checks))

@@ -7,15 +7,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from distinit._foreign import first_line
-from distinit._identity import HostIdentity, NodeLayout, RankClaim, group_ranks
+from distinit._identity import HostIdentity, NodeLayout, group_ranks
 from distinit.doctor import _clock, _reach
 from distinit.doctor._consensus import consensus
-from distinit.doctor._exchange import gather_json
+from distinit.doctor._exchange import gather_bytes
 from distinit.doctor._listener import Listener
 from distinit.doctor._merge import bandwidth_check, excuse_loopback, merge_local, reach_check
 from distinit.doctor._model import Check, OnCheck, from_error
 from distinit.doctor._nccl import check_nccl
 from distinit.doctor._nodes import nodes
+from distinit.doctor._peer import PeerDocument, parse_document, parse_results, peer_failure
 from distinit.env import DistEnv
 from distinit.errors import DistinitError
 from distinit.init import _world
@@ -90,22 +91,33 @@ def world_checks(
     """
     emit = _Emitter(skip, on_check)
     op_timeout = max(1.0, min(10.0, budget() / 4))
-    documents = gather_json(
+    sent = gather_bytes(
         {**payload, "endpoint": [listener.address, listener.port]}, world_size=env.world_size, timeout=op_timeout
     )
-    layout = group_ranks([RankClaim.model_validate(doc["claim"]) for doc in documents])
+    parsed = {r: parse_document(raw, rank=r, world_size=env.world_size) for r, raw in enumerate(sent)}
+    bad = {r: why for r, why in parsed.items() if isinstance(why, str)}
+    by_rank = {doc.claim.rank: doc for doc in parsed.values() if isinstance(doc, PeerDocument)}
+    layout = group_ranks([doc.claim for doc in parsed.values() if isinstance(doc, PeerDocument)])
     host_of = {r: h.label for h in layout.hosts for r in h.ranks}
-    by_rank = {doc["claim"]["rank"]: doc for doc in documents}
-    for check in merge_local(
-        excuse_loopback({r: d["local"] for r, d in by_rank.items()}, layout=layout), host_of=host_of
-    ):
+    local = {r: [c.model_dump(mode="json") for c in d.local] for r, d in by_rank.items()}
+    for check in merge_local(excuse_loopback(local, layout=layout), host_of=host_of):
         emit(check)
-    emit(consensus({r: doc["facts"] for r, doc in by_rank.items()}, host_of=host_of))
+    if bad:  # every rank saw the same bytes: every rank stops here, with the same verdict
+        emit(peer_failure(bad, host_of=host_of))
+        emit(nodes(layout))
+        why = f"skipped: rank(s) {sorted(bad)} sent no valid document (see consensus)"
+        for check in skipped(
+            ["clock", "reach", *(["bandwidth"] if bandwidth else []), *(["nccl"] if nccl else [])], why
+        ):
+            emit(check)
+        return emit.checks
+    emit(consensus({r: doc.facts.model_dump() for r, doc in by_rank.items()}, host_of=host_of))
     emit(nodes(layout))
-    endpoints = {r: (str(doc["endpoint"][0]), int(doc["endpoint"][1])) for r, doc in by_rank.items()}
+    endpoints = {r: (doc.endpoint[0], doc.endpoint[1]) for r, doc in by_rank.items()}
     pair_timeout = max(0.5, min(3.0, budget() / 4))
     mine = _probe_hosts(env.rank, layout, endpoints, pair_timeout=pair_timeout, bandwidth=bandwidth, skip=skip)
-    results = gather_json(mine, world_size=env.world_size, timeout=max(1.0, min(10.0, budget())))
+    returned = gather_bytes(mine, world_size=env.world_size, timeout=max(1.0, min(10.0, budget())))
+    results = [_results_of(r, raw) for r, raw in enumerate(returned)]
     leaders = {h.ranks[0]: h for h in layout.hosts}
     led = {leaders[r].label: res for r, res in enumerate(results) if r in leaders}
     ranks_of = {h.label: h.ranks for h in layout.hosts}
@@ -115,13 +127,21 @@ def world_checks(
     if bandwidth:
         emit(bandwidth_check(led, ranks_of=ranks_of))
     if nccl:
-        devices = {r: doc.get("cuda_device") for r, doc in by_rank.items()}
+        devices = {r: doc.cuda_device for r, doc in by_rank.items()}
         emit(
             Check(id="nccl", status="skip", summary="skipped (--skip)")
             if "nccl" in skip
             else check_nccl(devices, rank=env.rank, budget=budget())
         )
     return emit.checks
+
+
+def _results_of(rank: int, raw: bytes | None) -> dict[str, Any]:
+    """Rank ``rank``'s probe results as the verdicts read them; invalid ones become its clock's failure."""
+    found = parse_results(raw)
+    if isinstance(found, str):
+        return {"clock": f"rank {rank} {found}"}
+    return found.model_dump(exclude_none=True) | {"clock": found.clock}
 
 
 def form_world(env: DistEnv, *, deadline: float, pg_timeout: float) -> tuple[bool, Check]:

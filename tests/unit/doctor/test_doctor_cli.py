@@ -9,15 +9,19 @@ import sys
 
 import pytest
 
+from distinit.cli import DOCTOR_IDS, build_parser
 from distinit.doctor import Check
-from distinit.doctor._cli import add_doctor_parser, output
-from distinit.doctor._model import make_report
+from distinit.doctor._cli import output
+from distinit.doctor._model import ALL_IDS, make_report
+from distinit.doctor._render import LINE_CHARS
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="distinit")
-    add_doctor_parser(top.add_subparsers(dest="command", required=True))
-    return top
+    return build_parser(["doctor"])
+
+
+def test_the_cli_spells_the_same_check_ids_as_the_doctor() -> None:
+    assert DOCTOR_IDS == ALL_IDS
 
 
 def test_options_and_their_defaults() -> None:
@@ -45,14 +49,33 @@ def _report(rank: int, *, formed: bool) -> object:
     return make_report(checks, world_size=2, rank=rank, elapsed_s=0.1)
 
 
-def test_rank_zero_prints_the_world_and_others_what_names_them() -> None:
+def test_rank_zero_prints_the_world_and_others_one_line_with_its_verdict() -> None:
     assert output(_report(0, formed=True), as_json=False).startswith("distinit doctor: world of 2 rank(s)")  # type: ignore[arg-type]
     line = output(_report(1, formed=True), as_json=False)  # type: ignore[arg-type]
-    assert line.startswith("distinit doctor: rank 1 (") and "fail route: bad" in line
+    assert line.startswith("distinit doctor: rank 1 (") and "FAILED (1 failed: route)" in line
+    assert "fail route: bad" in line and "\n" not in line
     mine = json.loads(output(_report(1, formed=True), as_json=True))  # type: ignore[arg-type]
     assert [c["id"] for c in mine["checks"]] == ["route"]
     alone = json.loads(output(_report(1, formed=False), as_json=True))  # type: ignore[arg-type]
     assert [c["id"] for c in alone["checks"]] == ["route", "world"]  # no world: its whole own report
+    unformed = output(_report(1, formed=False), as_json=False)  # type: ignore[arg-type]
+    assert "\n" not in unformed and "FAILED (2 failed: route, world)" in unformed
+
+
+def test_a_rank_never_prints_ok_when_the_world_failed() -> None:
+    checks = [Check(id="world", status="pass", summary="w"), Check(id="nodes", status="fail", summary="x", ranks=(0,))]
+    line = output(make_report(checks, world_size=4, rank=3, elapsed_s=0.1), as_json=False)
+    assert "FAILED (1 failed: nodes)" in line and " ok" not in line
+
+
+def test_human_lines_are_capped_and_json_keeps_everything() -> None:
+    long = "x" * 1600
+    checks = [Check(id="route", status="fail", summary=long, fix=long), Check(id="world", status="skip", summary="w")]
+    report = make_report(checks, world_size=1, rank=0, elapsed_s=0.1)
+    text = output(report, as_json=False)
+    assert max(len(line) for line in text.splitlines()) <= LINE_CHARS
+    assert "--json has it all" in text
+    assert json.loads(output(report, as_json=True))["checks"][0]["summary"] == long
 
 
 @pytest.mark.timeout(60)

@@ -59,11 +59,38 @@ def test_route_without_master_is_skipped_and_unresolvable_fails() -> None:
     assert check_route(unknown, {}).status == "fail"
 
 
-def test_loopback_master_in_a_multi_node_world_fails_names() -> None:
+#: Two nodes, rank 0 elsewhere (an address that is not this host's): a world that spans hosts.
+SPANNING = DistEnv.model_validate({**WORLD.model_dump(), "num_nodes": 2, "node_rank": 1, "master_addr": "192.0.2.1"})
+
+
+def test_names_applies_setups_loopback_rule() -> None:
+    from distinit.init._loopback import advertised_by_hostname
+
+    trapped = advertised_by_hostname(socket.gethostname()).loopback
+    check = check_names(SPANNING, socket.gethostname(), {})
+    assert check.status == ("fail" if trapped else "pass"), check
+    if trapped:
+        assert check.evidence["loopback"] == ["hostname"] and check.fix
+    # a named interface is the user's choice (setup() does not refuse it): never a names failure
+    assert check_names(SPANNING, socket.gethostname(), {"GLOO_SOCKET_IFNAME": "lo"}).status == "pass"
+    # a loopback MASTER_ADDR means one host, whatever the node count says
     multi = DistEnv.model_validate({**WORLD.model_dump(), "num_nodes": 2, "node_rank": 0})
-    check = check_names(multi, socket.gethostname())
-    assert check.status == "fail" and "MASTER_ADDR '127.0.0.1' resolves to loopback" in check.summary
-    assert check_names(WORLD, socket.gethostname()).status == "pass"
+    assert check_names(multi, socket.gethostname(), {}).status == "pass"
+    assert check_names(WORLD, socket.gethostname(), {}).status == "pass"
+
+
+def test_a_name_that_does_not_resolve_fails_names() -> None:
+    unknown = DistEnv.model_validate({**WORLD.model_dump(), "master_addr": "no-such-host.invalid"})
+    check = check_names(unknown, socket.gethostname(), {})
+    assert check.status == "fail" and "MASTER_ADDR 'no-such-host.invalid' does not resolve" in check.summary
+
+
+def test_the_route_fix_never_says_unset_a_variable_that_is_unset() -> None:
+    unknown = DistEnv.model_validate({**WORLD.model_dump(), "master_addr": "no-such-host.invalid"})
+    check = check_route(unknown, {})
+    assert check.status == "fail" and check.fix and "unset" not in check.fix and "MASTER_ADDR" in check.fix
+    named = check_route(WORLD, {"GLOO_SOCKET_IFNAME": "nosuch0"})
+    assert named.fix and "or unset it" in named.fix and "NCCL_SOCKET_IFNAME" not in named.fix
 
 
 def test_shm_free_space_below_what_nccl_needs_fails(tmp_path: Path) -> None:

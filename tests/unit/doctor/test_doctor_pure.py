@@ -59,9 +59,15 @@ def test_render_lists_every_check_then_the_fixes_then_the_verdict() -> None:
 
 
 def test_one_line_names_only_this_ranks_problems() -> None:
-    assert "ok" in one_line(report(("env", "pass"), rank=1), host="h")
+    assert (
+        one_line(report(("env", "pass"), rank=1), host="h")
+        == "distinit doctor: rank 1 (h): ok; rank 0 prints the report"
+    )
     line = one_line(report(("route", "fail"), rank=1), host="h")
-    assert line == "distinit doctor: rank 1 (h): fail route: route is fail"
+    assert line == (
+        "distinit doctor: rank 1 (h): FAILED (1 failed: route); rank 0 prints the report; "
+        "here: fail route: route is fail"
+    )
 
 
 FACTS = {
