@@ -101,7 +101,13 @@ def _run(
         return
     _dump_all(cfg, expired)
     members = [
-        Member(pid=e.w.ref.pid, identity=e.w.identity, armed_at=e.info[1], finding=classify(e.dumped.stack, e.info[3]))
+        Member(
+            pid=e.w.ref.pid,
+            identity=e.w.identity,
+            armed_at=e.info[1],
+            finding=classify(e.dumped.stack, e.info[3]),
+            mismatch=e.w.mismatch,
+        )
         for e in expired
     ]
     verdict = judge(members, hold=cfg.victim_hold)

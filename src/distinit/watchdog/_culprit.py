@@ -3,10 +3,14 @@
 A rank hung in its own code inside a guarded step makes every healthy rank block in ``backward()`` or a
 collective inside the same guarded region, so all of them overrun at about the same moment. Killing them
 in deadline order names an innocent rank first. Here each expired worker's dump (faulthandler text) is read
-for the thread that armed the region: if its innermost frame is torch.distributed, DDP or the autograd
-engine (or names c10d, gloo or NCCL), the worker is *waiting* on its peers; otherwise it is running its own
-code. The workers running their own code are the culprits, the earliest to enter the region first; the
-waiting ones are victims. Pure functions: no process is touched here.
+for the thread that armed the region: if its innermost Python frame *is in a file of* torch.distributed, DDP
+or the autograd engine, or a native frame of the dump (Python 3.14's C stack) *is in* a collective library
+(NCCL, RCCL, gloo, MPI, UCC, or c10d inside libtorch), the worker is *waiting* on its peers; otherwise it is
+running its own code. Only where a frame is counts, never what its function is called: user code named
+``nccl_allreduce_wait`` spinning in Python is the user's code. The workers running their own code are the
+culprits, the earliest to enter the region first; the waiting ones are victims. A worker whose claimed ranks
+contradict its environment (``Member.mismatch``) keeps its role; the verdict notes it. Pure functions: no
+process is touched here.
 """
 
 from __future__ import annotations
@@ -23,12 +27,20 @@ Activity = Literal["collective", "own_code", "unknown"]
 
 _THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)\b.*$", re.MULTILINE)
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"\n]*)", line (?P<line>\d+) in (?P<func>[^\n]*)$', re.MULTILINE)
-# Innermost frames that mean "waiting on the other ranks": a torch.distributed call (all_reduce, barrier,
-# Work.wait wrappers, c10d_logger), DDP's forward/backward hooks, the autograd engine (DDP's reducer waits
-# for its all-reduces inside backward), a CUDA synchronize behind an NCCL kernel.
-_WAITING_FILE = re.compile(r"torch/(?:distributed|autograd|nn/parallel|cuda)/")
-# Native frame names (Python 3.14's C stacks, py-spy style dumps) of the collective back-ends.
-_WAITING_NAME = re.compile(r"c10d|gloo|nccl|ProcessGroup", re.IGNORECASE)
+# A native frame of Python 3.14's faulthandler C stack: `Binary file "/path/libnccl.so.2", at sym+0x1a [0x...]`.
+_NATIVE_FRAME = re.compile(r'^\s*Binary file "(?P<file>[^"\n]*)", at (?P<sym>[^\s\[]*)', re.MULTILINE)
+# Innermost Python frames that mean "waiting on the other ranks", by the *file* they are in: a
+# torch.distributed call (all_reduce, barrier, Work.wait wrappers, c10d_logger), DDP's forward/backward
+# hooks, the autograd engine (DDP's reducer waits for its all-reduces inside backward), a CUDA synchronize
+# behind an NCCL kernel. Anchored on a path component, so ``mytorch/distributed/x.py`` does not match.
+_WAITING_FILE = re.compile(r"(?:^|/)torch/(?:distributed|autograd|nn/parallel|cuda)/")
+# Native libraries whose frames are a collective wherever the call came from.
+_COLLECTIVE_LIBRARY = re.compile(r"^lib(?:nccl|rccl|gloo|mpi|ucc|ucp|uct)[^/]*\.so", re.IGNORECASE)
+# torch's own libraries hold c10d and much else: there a frame is a collective when its symbol is c10d's.
+_TORCH_LIBRARY = re.compile(r"^lib(?:torch|c10)[^/]*\.so")
+_C10D_SYMBOL = re.compile(r"c10d|gloo|nccl|ProcessGroup", re.IGNORECASE)
+# How many innermost native frames are looked at (the wait sits at the top: futex, poll, the library).
+_NATIVE_DEPTH = 12
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,7 @@ class Member:
     identity: Identity
     armed_at: float  # CLOCK_MONOTONIC: when it entered the expired region
     finding: Finding
+    mismatch: str = ""  # its claimed ranks vs its environment (Identity.disagreement); "" when they agree
 
     def label(self) -> str:
         """``RANK 2 (pid 4711)``, or ``pid 4711`` when the rank is unknown."""
@@ -93,10 +106,25 @@ def classify(stack: str | None, thread: int) -> Finding:
         return Finding("unknown")
     path, line, func = frames[0]
     where = f"{_short(path)}:{line} in {func}"
-    path = path.replace("\\", "/")
-    if _WAITING_FILE.search(path) or _WAITING_NAME.search(func) or _WAITING_NAME.search(path.rsplit("/", 1)[-1]):
+    if _WAITING_FILE.search(path.replace("\\", "/")):
         return Finding("collective", where)
+    native = _native_collective(stack or "")
+    if native:
+        return Finding("collective", f"{native} (native), called from {where}")
     return Finding("own_code", where)
+
+
+def _native_collective(stack: str) -> str:
+    """The innermost native frame of the dump that is in a collective library, or ``""``.
+
+    Native frames come only in dumps that carry a C stack (Python 3.14's faulthandler), which holds the
+    dumping thread's frames: the one that armed the region when it is the one blocked.
+    """
+    for match in list(_NATIVE_FRAME.finditer(stack))[:_NATIVE_DEPTH]:
+        library = match["file"].replace("\\", "/").rsplit("/", 1)[-1]
+        if _COLLECTIVE_LIBRARY.match(library) or (_TORCH_LIBRARY.match(library) and _C10D_SYMBOL.search(match["sym"])):
+            return f"{library} {match['sym']}".rstrip()
+    return ""
 
 
 def _short(path: str) -> str:
@@ -117,9 +145,10 @@ def judge(members: Sequence[Member], *, hold: float) -> Verdict:
         m for m in by_entry if m.finding.activity == "unknown"
     ]
     victims = [m for m in by_entry if m not in suspects]
+    notes = "".join(f"; rank check: {m.mismatch}" for m in by_entry if m.mismatch)
     if not suspects or not victims:
-        return Verdict((), tuple(by_entry), _summary_without_culprit(by_entry, suspects))
-    return Verdict(tuple(suspects), tuple(victims), _summary(suspects, victims, hold))
+        return Verdict((), tuple(by_entry), _summary_without_culprit(by_entry, suspects) + notes)
+    return Verdict(tuple(suspects), tuple(victims), _summary(suspects, victims, hold) + notes)
 
 
 def _ranks(members: Sequence[Member]) -> str:

@@ -31,6 +31,8 @@ HELLO = b"DWDG1\n"
 MAX_REPLY_BYTES = 4096
 #: The longest identity line a server reads after the hello.
 MAX_IDENTITY_BYTES = 256
+# The most of /proc/<pid>/environ read for the rank cross-check.
+_MAX_ENVIRON_BYTES = 1 << 20
 # Where each identity field comes from, first set wins: torchrun/distinit, then Slurm, then Open MPI.
 _IDENTITY_ENV = {
     "rank": ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"),
@@ -55,6 +57,40 @@ class Identity:
             raw = next((environ[n].strip() for n in names if environ.get(n, "").strip()), "")
             found[field_name] = _small_int(int(raw)) if raw.isascii() and raw.isdigit() else None
         return cls(**found)
+
+    @classmethod
+    def from_proc(cls, pid: int) -> Identity | None:
+        """The identity in process ``pid``'s environment as it was at exec (``/proc/<pid>/environ``).
+
+        None when it cannot be read (another user, a non-dumpable process, gone) or is over 1 MiB. This is
+        the environment the process *started* with: a rank exported later (``os.environ[...] = ...``) is not
+        in it, so only a value present here and different from the claimed one is a disagreement.
+        """
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                raw = fh.read(_MAX_ENVIRON_BYTES + 1)
+        except OSError:
+            return None
+        if len(raw) > _MAX_ENVIRON_BYTES:
+            return None
+        pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+        environ = {k.decode("ascii", "replace"): v.decode("ascii", "replace") for k, _, v in pairs}
+        return cls.from_env(environ)
+
+    def disagreement(self, pid: int, environ: Identity | None) -> str:
+        """Why the ranks this worker claimed contradict its environment ``environ``, or ``""`` when they do not."""
+        if environ is None:
+            return ""
+        clashes = [
+            f"{name} {claimed} but its environment says {actual}"
+            for name, claimed, actual in (
+                ("RANK", self.rank, environ.rank),
+                ("LOCAL_RANK", self.local_rank, environ.local_rank),
+                ("WORLD_SIZE", self.world_size, environ.world_size),
+            )
+            if claimed is not None and actual is not None and claimed != actual
+        ]
+        return f"pid {pid} registered as {', '.join(clashes)} (/proc/{pid}/environ)" if clashes else ""
 
     def label(self) -> str:
         """``RANK 3`` (or ``rank unknown``), for log lines."""

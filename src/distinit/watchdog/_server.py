@@ -295,8 +295,9 @@ class WatchdogServer:
             registry.forget(w, unlink=False)
             return f"handshake failed: {exc.strerror or exc}"
         w.identity = identity
+        w.mismatch = identity.disagreement(pid, Identity.from_proc(pid))
         registry.attach(w, conn)
-        self._emit_about(w, "watchdog.registered")
+        self._emit_about(w, "watchdog.registered", w.mismatch)
         return None
 
     def _emit_about(self, w: Worker, event: EventName, detail: str = "") -> None:
@@ -326,4 +327,5 @@ class WatchdogServer:
             self._registry.forget(w)
             return
         w.identity = w.table.identity  # no hello: the ranks the client recorded in its table
+        w.mismatch = w.identity.disagreement(pid, Identity.from_proc(pid))
         self._emit_about(w, "watchdog.adopted", f"{len(w.table.armed())} timer(s) armed")

@@ -26,6 +26,7 @@ class Worker:
     unkillable: bool = False
     exited: bool = False
     identity: Identity = field(default_factory=Identity)  # from its hello; unknown for an adopted table
+    mismatch: str = ""  # how the claimed ranks contradict /proc/<pid>/environ ("" when they do not)
     key: tuple[int, int] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -168,3 +168,33 @@ def test_torchrun_root_cause_names_the_hung_rank_not_a_victim(
     assert re.search(rf"rank\s*:\s*{HUNG} \(local_rank: {HUNG}\)", root_cause), run.stderr[-3000:]
     verdict = next(e for e in read_events(events_file) if e["event"] == "watchdog.verdict")
     assert verdict["rank"] == HUNG
+
+
+@pytest.mark.timeout(240)
+def test_user_code_named_like_nccl_is_the_culprit_and_a_false_rank_claim_is_noted(
+    workers: Workers, wd_dir: Path, events_file: Path, tmp_path: Path
+) -> None:
+    # Issue 23 item 10, for real: rank 0 spins in Python in a function named ``nccl_allreduce_wait``; rank 1
+    # waits for it in a gloo barrier. Judged by where the frames are, rank 0 runs its own code (the culprit),
+    # rank 1 waits in torch.distributed (the victim). Rank 0 was started with RANK=0 but claims RANK 1 at
+    # registration: the verdict says what /proc/<pid>/environ says.
+    pytest.importorskip("torch")
+    start_daemon(workers, wd_dir, events_file, "--group-window", "2", "--victim-hold", str(HOLD))
+    env = {"DISTINIT_WATCHDOG": str(wd_dir), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    store = str(tmp_path / "store")
+    liar = workers.spawn({**env, "RANK": "0", "WD_CLAIM_RANK": "1"}, "misnamed", str(AFTER), "0", store)
+    honest = workers.spawn({**env, "RANK": "1"}, "misnamed", str(AFTER), "1", store)
+    assert all(read_json_line(p, 150)["registered"] for p in (liar, honest))
+
+    verdict = wait_for(
+        lambda: next((e for e in read_events(events_file) if e["event"] == "watchdog.verdict"), None), 60, "a verdict"
+    )
+    assert verdict["pid"] == liar.pid  # the likely culprit: the one spinning in its own code
+    assert "running its own code" in verdict["detail"] and "in nccl_allreduce_wait" in verdict["detail"]
+    assert f"victims RANK 1 (pid {honest.pid}) blocked in a collective (torch/distributed/" in verdict["detail"]
+    assert f"rank check: pid {liar.pid} registered as RANK 1 but its environment says 0" in verdict["detail"]
+    assert f"pid {honest.pid} registered" not in verdict["detail"]  # the honest rank is not accused
+    expired = wait_for(_n_expired(events_file, 2), 60, "two expired events")
+    roles = {e["pid"]: e["role"] for e in expired}
+    assert roles == {liar.pid: "culprit", honest.pid: "victim"}
+    assert liar.wait(30) == -signal.SIGKILL or liar.returncode == -signal.SIGTERM

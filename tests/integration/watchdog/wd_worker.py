@@ -197,6 +197,26 @@ def subgroup(client: WatchdogClient, after: float, ident: int) -> None:
         dist.barrier(group=waiters)  # hang:subgroup-victim
 
 
+def nccl_allreduce_wait(deadline: float) -> None:
+    # User code that only *looks* like a collective by its name: it spins in Python (issue 23 item 10).
+    while time.monotonic() < deadline:
+        pass  # hang:named-like-nccl
+
+
+def misnamed(client: WatchdogClient, after: float, ident: int) -> None:
+    # Two gloo ranks (argv[3] is this rank; the one argv[4] names the FileStore): rank 0 spins in its own
+    # ``nccl_allreduce_wait`` inside its region, rank 1 waits for it in a real barrier inside its own.
+    import torch.distributed as dist
+
+    rank = int(sys.argv[3])
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[4], 2), rank=rank, world_size=2)
+    with client.expires(after, scope="step"):
+        say(ready=True, pid=os.getpid(), thread=ident, registered=client.registered, rank=rank)
+        if rank == 0:
+            nccl_allreduce_wait(time.monotonic() + 600)
+        dist.barrier()  # hang:misnamed-victim
+
+
 def on_cue(client: WatchdogClient, after: float, ident: int) -> None:
     # Arms when the test writes a line: regions of several workers start together. With a third argument
     # the region is left after that many seconds (a healthy worker); without, it hangs.
@@ -247,6 +267,7 @@ MODES: dict[str, Callable[[WatchdogClient, float, int], None]] = {
     "gloo": gloo,
     "ddp": ddp,
     "on_cue": on_cue,
+    "misnamed": misnamed,
     "subgroup": subgroup,
     "group": group,
     "recreate": recreate,
@@ -258,6 +279,8 @@ def main() -> None:
     after = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
     if mode not in MODES:
         raise SystemExit(f"unknown mode {mode!r}")
+    if "WD_CLAIM_RANK" in os.environ:  # an impostor: claims another RANK than the one it was started with
+        os.environ["RANK"] = os.environ["WD_CLAIM_RANK"]
     MODES[mode](WatchdogClient(), after, threading.get_ident())
 
 

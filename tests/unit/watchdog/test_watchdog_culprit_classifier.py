@@ -119,13 +119,44 @@ def test_a_single_thread_dump_is_used_whatever_the_ident() -> None:
     [
         ('"/x/torch/nn/parallel/distributed.py", line 1 in forward', "collective"),
         ('"/x/torch/cuda/__init__.py", line 1 in synchronize', "collective"),
-        ('"/x/site-packages/mylib/comm.py", line 1 in ProcessGroupNCCL_wait', "collective"),
+        # Where a frame is decides, never its name (issue 23 item 10): user code named after NCCL is user code.
+        ('"/x/site-packages/mylib/comm.py", line 1 in ProcessGroupNCCL_wait', "own_code"),
+        ('"/x/train.py", line 1 in nccl_allreduce_wait', "own_code"),
+        ('"/x/gloo_helpers.py", line 1 in wait', "own_code"),
+        ('"/x/mytorch/distributed/x.py", line 1 in barrier', "own_code"),
         ('"/x/train.py", line 1 in data_loader_next', "own_code"),
         ('"/usr/lib/python3.11/queue.py", line 1 in get', "own_code"),
     ],
 )
 def test_innermost_frame_decides(frame: str, activity: str) -> None:
     assert classify(f"Thread 0x10 (most recent call first):\n  File {frame}\n", 0x10).activity == activity
+
+
+# Python 3.14's faulthandler adds the C stack; its frames are classified by the library they are in.
+_C_STACK = "\nCurrent thread's C stack trace (most recent call first):\n"
+
+
+@pytest.mark.parametrize(
+    ("native", "activity"),
+    [
+        pytest.param('  Binary file "/usr/lib/libnccl.so.2", at ncclGroupEnd+0x1a [0x7f00]', "collective", id="nccl"),
+        pytest.param('  Binary file "/x/torch/lib/libgloo.so", at +0x10 [0x7f00]', "collective", id="gloo"),
+        pytest.param(
+            '  Binary file "/x/torch/lib/libtorch_cpu.so", at _ZN4c10d16ProcessGroupGloo4waitEv+0x8 [0x7f00]',
+            "collective",
+            id="c10d-in-libtorch",
+        ),
+        pytest.param(
+            '  Binary file "/x/torch/lib/libtorch_cpu.so", at _ZN2at6matmulEv+0x8 [0x7f00]',
+            "own_code",
+            id="libtorch-math",
+        ),
+        pytest.param('  Binary file "/x/libmine.so", at nccl_allreduce_wait+0x8 [0x7f00]', "own_code", id="named-nccl"),
+    ],
+)
+def test_native_frames_are_judged_by_their_library(native: str, activity: str) -> None:
+    dump = f'Current thread 0x10 (most recent call first):\n  File "/x/train.py", line 3 in step\n{_C_STACK}{native}\n'
+    assert classify(dump, 0x10).activity == activity
 
 
 def _member(rank: int | None, activity: str, armed_at: float, world: int | None = 4) -> Member:
@@ -253,3 +284,40 @@ def test_a_batch_left_with_one_expired_member_takes_the_lone_path() -> None:
     assert host.released == [2]
     assert host.finished == [(1, None)]  # no role, no verdict: judged alone
     assert host.reported == []
+
+
+def test_a_false_rank_claim_is_noted_in_the_verdict_without_changing_it() -> None:
+    liar = Member(
+        pid=1000,
+        identity=Identity(rank=1, local_rank=1, world_size=2),
+        armed_at=1.0,
+        finding=Finding("own_code", "train.py:9 in nccl_allreduce_wait"),
+        mismatch=Identity(rank=1, local_rank=1, world_size=2).disagreement(1000, Identity(rank=0, local_rank=1)),
+    )
+    victim = _member(1, "collective", 1.1, world=2)
+    verdict = judge([victim, liar], hold=1.0)
+    assert verdict.likely == liar
+    assert verdict.summary.endswith(
+        "; rank check: pid 1000 registered as RANK 1 but its environment says 0 (/proc/1000/environ)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "note"),
+    [
+        pytest.param(None, "", id="environ-unreadable"),
+        pytest.param(Identity(), "", id="no-rank-at-exec"),  # exported later: not a disagreement
+        pytest.param(Identity(rank=3, local_rank=1, world_size=4), "", id="agrees"),
+        pytest.param(Identity(rank=2, world_size=8), "RANK 3 but its environment says 2, WORLD_SIZE 4 but", id="two"),
+    ],
+)
+def test_rank_disagreement(environ: Identity | None, note: str) -> None:
+    found = Identity(rank=3, local_rank=1, world_size=4).disagreement(77, environ)
+    assert (note in found) if note else found == ""
+
+
+def test_the_environment_is_read_from_proc() -> None:
+    import os
+
+    assert isinstance(Identity.from_proc(os.getpid()), Identity)  # this process's environment at exec
+    assert Identity.from_proc(2**22 + 1) is None  # no such process
