@@ -69,8 +69,10 @@ class Vars:
                 return name, value
         return None
 
-    def integer(self, name: str, *, minimum: int = 0) -> int | None:
+    def integer(self, name: str, *, minimum: int | None = 0) -> int | None:
         """The value as a decimal integer ``>= minimum``; ``None`` when unset.
+
+        ``minimum=None``: no range check at all (the caller checks its own range and names it).
 
         Raises:
             MalformedEnvError: not a plain decimal integer, below ``minimum`` or above 2**31-1.
@@ -86,7 +88,7 @@ class Vars:
                 fix=f"set {name} to a plain decimal number, or unset it and let the launcher set it.",
             )
         number = -magnitude if value.startswith("-") else magnitude
-        if number < minimum or number > _INT_MAX:
+        if minimum is not None and (number < minimum or number > _INT_MAX):
             shown = number if abs(number) <= _INT_MAX else quoted(value)
             raise MalformedEnvError(
                 f"{name}={shown} is out of range: it must be between {minimum} and {_INT_MAX}.",

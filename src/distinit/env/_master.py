@@ -32,7 +32,7 @@ def fill_master(v: Vars, draft: Draft, *, here: str) -> None:
                 "MASTER_ADDR is unknown: the launcher does not say which host runs rank 0, so export() and "
                 f"distinit.setup() refuse this world; {master_addr_fix(draft.launcher)}"
             )
-    port = v.integer("MASTER_PORT", minimum=1)
+    port = v.integer("MASTER_PORT", minimum=None)  # check_port names the TCP range
     if port is not None:
         check_port(port, where=here)
         draft.put("master_port", port, "MASTER_PORT")

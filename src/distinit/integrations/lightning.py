@@ -4,9 +4,11 @@ Lightning's DDP computes every process's rank as ``node_rank * devices + local_r
 node rank from ``NODE_RANK`` (else 0). Under ``mpirun`` nobody sets it, so every node claims ranks
 0..devices-1 and the job hangs until its timeout (Lightning #13639, closed as won't fix). This
 environment takes rank, world size, local rank and node rank from :func:`distinit.env_from_scheduler`
-instead, and refuses, with the fix, every setting Lightning would otherwise get silently wrong:
-an unknown node rank or master address, ``devices``/``num_nodes`` that do not match what the
-launcher started, and a placement that is not one block of ``devices`` ranks per node::
+instead. As in Lightning's own launcher environments, the launcher's ranks stand (Lightning's arithmetic
+is only logged), so round-robin placements (``mpirun --map-by node``, ``srun --distribution=cyclic``)
+train too; what cannot train is refused, with the fix and the same words on every rank, before DDP
+init: an unknown node rank or master address, and ``devices``/``num_nodes`` that do not match the
+processes the launcher started on each node::
 
     from distinit.integrations.lightning import DistinitEnvironment
 
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Mapping
+import logging
+import os
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -31,8 +35,22 @@ from distinit.env import DistEnv, env_from_scheduler
 from distinit.env._model import master_addr_fix
 from distinit.env._port import PORT_ADVICE
 from distinit.errors import ConflictingEnvError, IncompleteEnvError, SchedulerEnvError
+from distinit.integrations._placement import (
+    exchanged_layout,
+    launch_flags,
+    launcher_layout,
+    placement_conflict,
+    uneven_conflict,
+)
 
 __all__ = ["DistinitEnvironment"]
+
+logger = logging.getLogger("distinit.integrations")
+
+NODE_RANK_FIX = (
+    "export NODE_RANK (this node's index, from 0) on each node, or pass the world verified by "
+    "distinit.setup(): DistinitEnvironment(env=distinit.setup().env)."
+)
 
 #: Modules that define Lightning's ClusterEnvironment: the unified package, then the standalone one.
 _BASE_MODULES = (
@@ -70,19 +88,25 @@ class DistinitEnvironment(_Base):
     """A Lightning ``ClusterEnvironment`` whose ranks come from the launcher (``env_from_scheduler``).
 
     Args:
-        environ: the variables to resolve; ``os.environ`` (read now, once) when ``None``.
+        environ: the variables to resolve, a mapping of ``str`` to ``str``; ``os.environ`` (read now, once)
+            when ``None``. Bytes keys (``os.environb``) are refused, not decoded: ``os.environ`` holds the same
+            variables already decoded the way Python decodes them everywhere else.
         env: an already resolved (or verified, e.g. ``distinit.setup().env``) world to use instead.
 
     Raises:
+        TypeError: ``environ`` is not a mapping of ``str`` to ``str``, or ``env`` is not a ``DistEnv``.
         SchedulerEnvError: the environment does not resolve (see ``env_from_scheduler``).
         ValueError: both ``environ`` and ``env`` were given.
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None, *, env: DistEnv | None = None) -> None:
         super().__init__()
+        _check_arguments(environ, env)
         if env is not None and environ is not None:
-            raise ValueError("pass environ or env, not both")
-        self._env = env if env is not None else env_from_scheduler(environ)
+            raise ValueError("DistinitEnvironment: pass environ or env, not both")
+        variables = os.environ if environ is None else environ
+        self._env = env if env is not None else env_from_scheduler(variables)
+        self._layout = launcher_layout(self._env, variables)
 
     @property
     def env(self) -> DistEnv:
@@ -140,53 +164,48 @@ class DistinitEnvironment(_Base):
         return self._env.world_size
 
     def set_world_size(self, size: int) -> None:
-        """Accept Lightning's ``num_nodes * devices`` only when it is the launcher's world size.
+        """Keep the launcher's world size; Lightning's ``num_nodes * devices`` is only logged when it differs.
 
-        Raises:
-            ConflictingEnvError: it is not.
+        Lightning's own launcher environments (``SLURMEnvironment``, ``MPIEnvironment``,
+        ``TorchElasticEnvironment``) ignore this call too; a wrong ``devices``/``num_nodes`` is refused by
+        :meth:`validate_settings`, on every rank, before DDP init.
         """
         if size != self._env.world_size:
-            raise self._world_conflict(f"Lightning's world size is {size} (num_nodes * devices)")
+            logger.debug(
+                "rank %d: Lightning's world size %d (num_nodes * devices) differs from the launcher's %d; "
+                "the launcher's stands",
+                self._env.rank,
+                size,
+                self._env.world_size,
+                extra={
+                    "distinit": {"event": "lightning.world_size_ignored", "rank": self._env.rank, "lightning": size}
+                },
+            )
 
     def global_rank(self) -> int:
         """This process's rank, as the launcher numbered it."""
         return self._env.rank
 
     def set_global_rank(self, rank: int) -> None:
-        """Accept the rank Lightning computed (``node_rank * devices + local_rank``) only when it is the launcher's.
+        """Keep the launcher's rank; Lightning's ``node_rank * devices + local_rank`` is only logged when it differs.
 
-        Once the process group exists (``distinit.setup()`` before the Trainer), every rank learns in one
-        bounded ``all_reduce`` which ranks Lightning numbered wrongly, and all of them raise the same error:
-        none goes on into ``fit`` to wait for peers that already failed.
-
-        Raises:
-            ConflictingEnvError: it differs, on this rank or (with a group) on any rank; two processes would
-                otherwise hold the same rank.
+        It differs under round-robin placements (``mpirun --map-by node``, ``srun --distribution=cyclic``),
+        which train correctly with the launcher's ranks, as they do with Lightning's own launcher
+        environments. Strategies that build node-local groups from consecutive ranks (``ModelParallelStrategy``'s
+        tensor-parallel dimension, FSDP ``HYBRID_SHARD``) then span nodes: see docs/integrations.md.
         """
-        env = self._env
-        wrong = _wrong_ranks(env, agrees=rank == env.rank)
-        if rank == env.rank and not wrong:
-            return
-        lws, node = env.local_world_size, env.node_rank
-        if rank != env.rank and lws is not None and node and node * lws + env.local_rank == env.rank:
-            # The launcher's layout is one block per node: Lightning's rank is off because devices != lws.
-            raise self._devices_conflict((rank - env.local_rank) // node)
-        source = self._source("rank")
-        what = (
-            f"Lightning's ranks (node_rank * devices + local_rank) differ from the launcher's on ranks {wrong}"
-            if wrong
-            else f"Lightning computed global rank {rank} = node_rank {env.node_rank} * devices + local_rank "
-            f"{env.local_rank}, but the launcher started this process as {source}={env.rank}"
-        )
-        raise ConflictingEnvError(
-            f"{what}.",
-            variables=(source, *env.sources.get("node_rank", ("NODE_RANK",))),
-            why="Lightning's DDP assumes every node runs one block of `devices` consecutive ranks; this launch "
-            "placed ranks otherwise (mpirun --map-by node, srun --distribution=cyclic, uneven nodes), so two "
-            "processes would both believe they are the same rank.",
-            fix="place the same number of consecutive ranks on every node: mpirun --map-by slot (the default, no "
-            "--map-by node), srun --distribution=block, or torchrun.",
-        )
+        if rank != self._env.rank:
+            logger.debug(
+                "rank %d: Lightning computed global rank %d (node_rank %s * devices + local_rank %d); the "
+                "launcher's rank %d stands (the placement is not one block of ranks per node: node-local groups "
+                "of ModelParallelStrategy or FSDP HYBRID_SHARD would span nodes)",
+                self._env.rank,
+                rank,
+                self._env.node_rank,
+                self._env.local_rank,
+                self._env.rank,
+                extra={"distinit": {"event": "lightning.rank_ignored", "rank": self._env.rank, "lightning": rank}},
+            )
 
     def local_rank(self) -> int:
         """This process's rank among the processes of its node."""
@@ -198,54 +217,85 @@ class DistinitEnvironment(_Base):
         Raises:
             IncompleteEnvError: the launcher gives no node rank and no rule derives one (the notes say why).
         """
-        if self._env.node_rank is None:
-            why = next((note for note in self._env.notes if note.startswith("node_rank is unknown")), "")
+        env = self._env
+        if env.node_rank is None and self._layout.uneven:
+            raise uneven_conflict(env, self._layout, self._source("local_world_size"))
+        ruled = env.sources.get("node_rank", ("",))[0].startswith("rule:")
+        off_node = env.local_world_size is not None and env.local_world_size < env.world_size
+        if env.num_nodes is None and (env.node_rank is None or (ruled and off_node)):
+            # Only the ranks on rank 0's node know their node (0): all of them refuse, in the same words.
             raise IncompleteEnvError(
-                f"the node rank of rank {self._env.rank} ({self._env.launcher}) is unknown, and Lightning would "
+                f"the node ranks of this {env.launcher} world of {env.world_size} are unknown off rank 0's node: "
+                "the launcher exports no node index or node count, and Lightning would take node 0 on every "
+                "node (Lightning #13639).",
+                variables=("NODE_RANK",),
+                why="only the ranks on rank 0's node can tell their node; the others cannot tell how the ranks off "
+                "that node are spread over the nodes.",
+                fix=NODE_RANK_FIX,
+            )
+        if env.node_rank is None:
+            why = next((note for note in env.notes if note.startswith("node_rank is unknown")), "")
+            raise IncompleteEnvError(
+                f"the node rank of rank {env.rank} ({env.launcher}) is unknown, and Lightning would "
                 "take node 0 on every node (Lightning #13639).",
                 variables=("NODE_RANK",),
                 why=why or "the launcher exports no node index.",
-                fix="export NODE_RANK (this node's index, from 0) on each node, or pass the world verified by "
-                "distinit.setup(): DistinitEnvironment(env=distinit.setup().env).",
+                fix=NODE_RANK_FIX,
             )
-        return self._env.node_rank
+        return env.node_rank
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Refuse ``devices``/``num_nodes`` that do not match what the launcher started.
+        """Refuse ``devices``/``num_nodes`` that cannot train as the launcher started the processes.
+
+        Lightning calls this at the start of ``fit()`` (``Fabric.launch()``), before DDP init. The verdict is
+        decided from facts every rank holds (Slurm's tasks per node; the node count on two nodes), or, once a
+        process group of this world exists (``distinit.setup()`` before the Trainer), from one bounded
+        ``all_reduce`` of every rank's node, node size and settings: so every rank raises the same error.
 
         Raises:
-            ConflictingEnvError: ``devices`` differs from the processes on this node, or
-                ``devices * num_nodes`` from the world size.
+            TypeError: ``num_devices`` or ``num_nodes`` is not an ``int``.
+            ConflictingEnvError: ``devices`` differs from the processes the launcher started on a node (or the
+                nodes run different numbers), or ``devices * num_nodes`` from the world size.
         """
-        env = self._env
-        if env.local_world_size is not None and num_devices != env.local_world_size:
-            raise self._devices_conflict(num_devices)
-        if num_devices * num_nodes != env.world_size:
-            raise self._world_conflict(f"devices={num_devices} * num_nodes={num_nodes} = {num_devices * num_nodes}")
-
-    def _world_conflict(self, claimed: str) -> ConflictingEnvError:
-        """Lightning's world size (``claimed``, in words) differs from the launcher's."""
-        world, source = self._env.world_size, self._source("world_size")
-        return ConflictingEnvError(
-            f"{claimed} processes, but the launcher started {world} ({source}={world}).",
-            variables=(source,),
-            why="Lightning would wait for processes that were never started, or leave some out.",
-            fix=f"set num_nodes to the number of nodes and devices to the processes per node, so that "
-            f"num_nodes * devices = {world}.",
+        for name, value in (("num_devices", num_devices), ("num_nodes", num_nodes)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"validate_settings: {name} must be an int, not {type(value).__name__} ({value!r})")
+        layout = self._layout
+        table = _exchange(self._env, num_devices, num_nodes)
+        if table is not None:
+            settings = {(row[2], row[3]) for row in table}
+            if len(settings) > 1:
+                raise self._settings_differ(table)
+            exchanged = exchanged_layout(table)
+            layout = exchanged if exchanged.counts is not None else layout
+        conflict = placement_conflict(
+            devices=num_devices,
+            num_nodes=num_nodes,
+            env=self._env,
+            layout=layout,
+            local_source=self._source("local_world_size"),
+            world_source=self._source("world_size"),
         )
+        if conflict is not None:
+            raise conflict
 
-    def _devices_conflict(self, num_devices: int) -> ConflictingEnvError:
-        """``devices`` differs from the number of processes the launcher started on this node."""
-        lws = self._env.local_world_size
-        source = self._source("local_world_size")
+    def _settings_differ(self, table: Sequence[Sequence[int]]) -> ConflictingEnvError:
+        """The ranks passed different ``devices``/``num_nodes`` (e.g. computed per node on uneven nodes)."""
+        by_setting: dict[tuple[int, int], list[int]] = {}
+        for rank, row in enumerate(table):
+            by_setting.setdefault((row[2], row[3]), []).append(rank)
+        shown = "; ".join(
+            f"devices={d}, num_nodes={n} on ranks {ranks}" for (d, n), ranks in sorted(by_setting.items())
+        )
+        counts = exchanged_layout(table).counts
+        nodes = f" (processes per node: {','.join(map(str, counts))})" if counts else ""
         return ConflictingEnvError(
-            f"devices={num_devices}, but the launcher started {lws} process(es) on this node ({source}={lws}).",
-            variables=(source,),
-            why="with DistinitEnvironment the launcher starts every process and each drives one device; "
-            "Lightning starts none of its own, so its ranks and the launcher's would not match.",
-            fix=f"set devices={lws}, or start {num_devices} processes per node with the launcher "
-            f"(torchrun --nproc-per-node={num_devices}, srun --ntasks-per-node={num_devices}, "
-            f"mpirun --map-by ppr:{num_devices}:node).",
+            f"the ranks passed different Lightning settings: {shown}{nodes}.",
+            variables=(self._source("local_world_size"),),
+            why="Lightning needs the same devices and num_nodes on every rank, and the same number of processes "
+            "on every node.",
+            fix="start the same number of processes on every node "
+            f"({launch_flags(self._env.launcher, '<nodes>', '<per node>')}) and pass that number as devices.",
         )
 
     def _source(self, field: str) -> str:
@@ -260,14 +310,41 @@ class DistinitEnvironment(_Base):
         )
 
 
-#: How long the ranks wait for each other to agree on Lightning's numbering (one tiny all_reduce).
+def _check_arguments(environ: object, env: object) -> None:
+    """Raise ``TypeError`` for arguments of the wrong type (a list, a number, bytes keys, a dict for ``env``)."""
+    if env is not None and not isinstance(env, DistEnv):
+        raise TypeError(
+            f"DistinitEnvironment: env must be a distinit.DistEnv (e.g. distinit.setup().env or "
+            f"env_from_scheduler()), not {type(env).__name__}; pass launcher variables as environ=..."
+        )
+    if environ is None:
+        return
+    if not isinstance(environ, Mapping):
+        raise TypeError(
+            "DistinitEnvironment: environ must be a mapping of str to str (like os.environ), "
+            f"not {type(environ).__name__}"
+        )
+    for key, value in environ.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            hint = (
+                " (os.environb? pass os.environ, which holds the same variables decoded)"
+                if isinstance(key, bytes)
+                else ""
+            )
+            raise TypeError(
+                f"DistinitEnvironment: environ must map str to str, but it holds {key!r}: {value!r} "
+                f"({type(key).__name__} to {type(value).__name__}){hint}"
+            )
+
+
+#: How long the ranks wait for each other to compare their Lightning settings (one tiny all_reduce).
 AGREE_TIMEOUT = 60.0
 
 
-def _wrong_ranks(env: DistEnv, *, agrees: bool) -> list[int]:
-    """The ranks whose Lightning rank differs from the launcher's, learnt by all ranks in one ``all_reduce``.
+def _exchange(env: DistEnv, devices: int, num_nodes: int) -> list[list[int]] | None:
+    """Every rank's ``(node_rank, local_world_size, devices, num_nodes)`` (-1/0 where unknown), in one ``all_reduce``.
 
-    Empty without a default process group of this world (then each rank only knows about itself).
+    None without a default process group of this world (then only the launcher's facts are known).
 
     Raises:
         ConflictingEnvError: the peers did not answer within :data:`AGREE_TIMEOUT` (one of them failed first).
@@ -276,15 +353,16 @@ def _wrong_ranks(env: DistEnv, *, agrees: bool) -> list[int]:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != env.world_size:
-        return []
+        return None
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    flags = torch.zeros(env.world_size, dtype=torch.int32, device=device)
-    flags[env.rank] = 0 if agrees else 1
-    work = dist.all_reduce(flags, async_op=True)
+    table = torch.zeros(env.world_size, 4, dtype=torch.int64, device=device)
+    row = (-1 if env.node_rank is None else env.node_rank, env.local_world_size or 0, devices, num_nodes)
+    table[env.rank] = torch.tensor(row, dtype=torch.int64)
+    work = dist.all_reduce(table, async_op=True)
     if work is None or not work.wait(timeout=timedelta(seconds=AGREE_TIMEOUT)):  # pragma: no cover - torch raises
         raise ConflictingEnvError(
-            f"rank {env.rank}: the other ranks did not compare Lightning's ranks within {AGREE_TIMEOUT:.0f} s.",
-            why="another rank failed before it reached the Trainer.",
+            f"rank {env.rank}: the other ranks did not compare their Lightning settings within {AGREE_TIMEOUT:.0f} s.",
+            why="another rank failed before it reached fit().",
             fix="see the other ranks' errors.",
         )
-    return [int(r) for r in torch.nonzero(flags.cpu()).flatten().tolist()]
+    return [[int(v) for v in r] for r in table.cpu().tolist()]

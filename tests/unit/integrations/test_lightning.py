@@ -8,6 +8,7 @@ Trainer built from one rank's environment shows the rank Lightning would train a
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -133,43 +134,59 @@ def test_fabric_and_pytorch_lightning_accept_it() -> None:
     assert built.global_rank == 3
 
 
-def test_round_robin_placement_is_refused_with_the_fix() -> None:
-    # mpirun --map-by node: rank 1 runs on node 1 as its local rank 0; Lightning would call it rank 2.
+def test_round_robin_placement_trains_with_the_launchers_ranks(caplog: pytest.LogCaptureFixture) -> None:
+    # mpirun --map-by node: rank 1 runs on node 1 as its local rank 0; Lightning would call it rank 2. Like
+    # Lightning's own launcher environments, the launcher's rank stands and Lightning's arithmetic is logged.
     env = DistinitEnvironment(block(1, OMPI_MCA_rmaps_base_mapping_policy="node") | {"OMPI_COMM_WORLD_LOCAL_RANK": "0"})
-    assert env.node_rank() == 1
-    with pytest.raises(ConflictingEnvError, match="computed global rank 2") as caught:
-        trainer(env)
-    assert "OMPI_COMM_WORLD_RANK=1" in str(caught.value)
-    assert "--map-by node" in caught.value.why and "--map-by slot" in caught.value.fix
+    with caplog.at_level(logging.DEBUG, logger="distinit.integrations"):
+        built = trainer(env)
+    assert (built.global_rank, built.local_rank, built.node_rank, built.world_size) == (1, 0, 1, 4)
+    assert built.strategy.distributed_sampler_kwargs == {"num_replicas": 4, "rank": 1}
+    assert "Lightning computed global rank 2" in caplog.text
+    env.validate_settings(num_devices=2, num_nodes=2)
 
 
-def test_one_process_per_node_with_devices_two_is_refused() -> None:
-    # mpirun -n 2 on two nodes with Trainer(devices=2): Lightning would wait for ranks nobody starts.
-    env = DistinitEnvironment(ompi(1, 2, 0, 1, OMPI_MCA_orte_num_nodes="2", **MASTER))
-    with pytest.raises(ConflictingEnvError, match="devices=2, but the launcher started 1 process") as caught:
-        trainer(env)
-    assert "devices=1" in caught.value.fix
-    assert caught.value.variables == ("OMPI_COMM_WORLD_LOCAL_SIZE",)
+def test_one_process_per_node_with_devices_two_is_refused_the_same_on_both_ranks() -> None:
+    # mpirun -n 2 on two nodes with Trainer(devices=2): Lightning would wait for ranks nobody starts. Both
+    # ranks know both nodes' counts (2 nodes, 1 process here, 2 in all): one message, word for word.
+    envs = [DistinitEnvironment(ompi(rank, 2, 0, 1, OMPI_MCA_orte_num_nodes="2", **MASTER)) for rank in (0, 1)]
+    messages = set()
+    for env in envs:
+        with pytest.raises(ConflictingEnvError, match=r"asks for 2 node\(s\) of 2 process") as caught:
+            env.validate_settings(num_devices=2, num_nodes=2)
+        messages.add(str(caught.value))
+        assert "devices=1" in caught.value.fix and "num_nodes" not in caught.value.fix.split(";")[0]
+    assert len(messages) == 1, messages
 
 
 @pytest.mark.parametrize(
-    ("devices", "nodes", "message"),
-    [(1, 4, "devices=1, but the launcher started 2"), (2, 3, "= 6 processes, but the launcher started 4")],
+    ("devices", "nodes", "message", "fix"),
+    [
+        (1, 4, "asks for 4 node(s) of 1 process", "set devices=2 and num_nodes=2"),
+        (2, 3, "asks for 3 node(s) of 2 process", "set num_nodes=2;"),
+        (3, 2, "asks for 2 node(s) of 3 process", "set devices=2;"),
+    ],
 )
-def test_validate_settings(devices: int, nodes: int, message: str) -> None:
+def test_validate_settings(devices: int, nodes: int, message: str, fix: str) -> None:
     env = DistinitEnvironment(block(0))
     env.validate_settings(num_devices=2, num_nodes=2)
-    with pytest.raises(ConflictingEnvError, match=message):
+    with pytest.raises(ConflictingEnvError) as caught:
         env.validate_settings(num_devices=devices, num_nodes=nodes)
+    assert message in str(caught.value) and fix in caught.value.fix, caught.value
+    assert f"--map-by ppr:{devices}:node" in caught.value.fix
 
 
-def test_setters_accept_only_the_launchers_values() -> None:
+def test_setters_keep_the_launchers_values_and_log_lightnings(caplog: pytest.LogCaptureFixture) -> None:
     env = DistinitEnvironment(block(2))
-    env.set_global_rank(2)
-    env.set_world_size(4)
-    with pytest.raises(ConflictingEnvError, match=r"world size is 8 .* launcher started 4"):
+    with caplog.at_level(logging.DEBUG, logger="distinit.integrations"):
+        env.set_global_rank(2)
+        env.set_world_size(4)
+        assert not caplog.records
         env.set_world_size(8)
+        env.set_global_rank(0)
     assert (env.global_rank(), env.world_size()) == (2, 4)
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG] * 2
+    assert "world size 8" in caplog.records[0].getMessage() and "global rank 0" in caplog.records[1].getMessage()
 
 
 def test_unknown_master_and_node_rank_are_errors_not_fallbacks() -> None:
@@ -181,7 +198,7 @@ def test_unknown_master_and_node_rank_are_errors_not_fallbacks() -> None:
         _ = env.main_port
     with pytest.raises(IncompleteEnvError, match="node rank") as node:
         env.node_rank()
-    assert "no node count" in node.value.why and "NODE_RANK" in node.value.fix
+    assert "unknown off rank 0's node" in node.value.what and "NODE_RANK" in node.value.fix
 
 
 def test_a_verified_world_can_be_passed() -> None:
