@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,33 @@ def test_unwritable_directory_fails_alike_everywhere(tmp_path: Path) -> None:
     results = Job(tmp_path, "file-fault", [(range(2), None)], env=env).results(100)
     assert {r.get("error") for r in results} == {"BroadcastMismatchError"}, results
     assert {r["field"] for r in results} == {"transport"} and all(r["ranks"] == [0] for r in results)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        pytest.param("fifo", "regular file", id="fifo-renamed-over-the-file"),
+        pytest.param("symlink", "link", id="symlink-renamed-over-the-file"),
+        pytest.param("chown", "another user's file", id="file-of-another-uid"),
+        pytest.param("deep-header", "not this call's", id="header-nested-200000-deep"),
+        pytest.param("wrong-types", "not this call's", id="header-of-wrong-types"),
+    ],
+)
+def test_a_swapped_file_or_hostile_header_is_named_on_every_rank_within_the_timeout(
+    tmp_path: Path, fault: str, words: str
+) -> None:
+    """Issue 23 items 2 and 5: what replaces src's file after it was written is refused, never waited on."""
+    if fault == "chown" and os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {"VIA_PATH": str(shared), "DISTINIT_TEST_FAULT": fault}
+    results = Job(tmp_path, "file-fault", [(range(3), None)], env=env).results(100)
+    assert {r.get("error") for r in results} == {"BroadcastMismatchError"}, results
+    assert {r["field"] for r in results} == {"payload"}
+    assert len({r["text"] for r in results}) == 1 and words in results[0]["text"], results[0]
+    assert all(r["ranks"] == [1, 2] for r in results)
+    assert all(r["elapsed"] < 20 for r in results), results  # timeout=20: nobody waited it out
+    assert results[1]["untouched"] and results[2]["untouched"]
+    assert list(shared.iterdir()) == []  # src removed whatever stood in its file's place

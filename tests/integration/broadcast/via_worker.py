@@ -158,20 +158,52 @@ def inject(fault: str, rank: int) -> None:
             return result
 
         _shm.Segment.attach = attach_then_die  # type: ignore[method-assign]
-    if fault in ("truncate", "corrupt") and rank == 0:
+    if fault in FILE_ATTACKS and rank == 0:
         write = _file.write
 
         def write_then_damage(ctx: Any, route: Any, final: str, *args: Any) -> None:
             write(ctx, route, final, *args)
-            size = os.path.getsize(final)
-            with open(final, "r+b") as fh:
-                if fault == "truncate":
-                    fh.truncate(size - 1000)
-                else:
-                    fh.seek(size - 5000)
-                    fh.write(b"\xff" * 16)
+            FILE_ATTACKS[fault](final)
 
         _file.write = write_then_damage  # type: ignore[assignment]
+
+
+def _truncate(final: str) -> None:
+    os.truncate(final, os.path.getsize(final) - 1000)
+
+
+def _corrupt(final: str) -> None:
+    with open(final, "r+b") as fh:
+        fh.seek(os.path.getsize(final) - 5000)
+        fh.write(b"\xff" * 16)
+
+
+def _swap(final: str, make: Any) -> None:
+    """Put something else in place of the finished file, by rename (atomic, as an attacker would)."""
+    other = final + ".attack"
+    make(other)
+    os.rename(other, final)
+
+
+def _header_swap(final: str, header: bytes) -> None:
+    """Rewrite the file's header in place (same magic, another JSON document)."""
+    with open(final, "rb") as fh:
+        data = fh.read()
+    with open(final, "wb") as fh:
+        fh.write(_file.MAGIC + len(header).to_bytes(8, "little") + header + data[16:])
+
+
+FILE_ATTACKS: dict[str, Any] = {
+    "truncate": _truncate,
+    "corrupt": _corrupt,
+    "fifo": lambda final: _swap(final, os.mkfifo),
+    "symlink": lambda final: _swap(final, lambda p: os.symlink("/dev/zero", p)),
+    "chown": lambda final: os.chown(final, 65534, 65534),
+    "deep-header": lambda final: _header_swap(final, b"[" * 200_000 + b"]" * 200_000),
+    "wrong-types": lambda final: _header_swap(
+        final, json.dumps({"format": [], "tensors": {"a": 1}, "data_offset": "64", "crc32": 7}).encode()
+    ),
+}
 
 
 def main() -> None:
