@@ -16,13 +16,15 @@ from clean keys (the generation is bumped through the store, first writer wins):
   they change; every other rank reads this one key when it logs progress or names the missing ranks at the
   end of an attempt, so naming them costs the store O(N) reads in all, not O(N) per rank.
 * ``state`` -- ``ok`` or a verdict (JSON), first writer wins, so every rank raises the SAME verdict.
-* ``seen`` -- counter of ranks that read a verdict, so the store host can linger just long enough.
+* ``seen`` -- counter of ranks that know the verdict (its writer included), so the store host can linger just
+  long enough.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -46,6 +48,8 @@ PROGRESS_FIRST = 10.0
 PROGRESS_EVERY = 30.0
 #: Longest time the store host stays up after a verdict so that peers can read it.
 LINGER = 3.0
+#: Seconds without a new rank learning the verdict after which the host stops lingering (see ``_linger``).
+LINGER_QUIET = 1.0
 
 
 def _pid_alive(pid: int) -> bool:
@@ -335,9 +339,14 @@ class JoinProtocol:
         if self._arrivals is None or self._arrivals[0] != missing:
             self._arrivals = (missing, time.monotonic())
 
-    def hint(self, missing: tuple[int, ...] | list[int]) -> str | None:
-        """Why ``missing`` may never come: an oversized WORLD_SIZE (see :func:`_messages.oversized`)."""
+    def hint(self, missing: tuple[int, ...] | list[int], *, final: bool = False) -> str | None:
+        """Why ``missing`` may never come (see :func:`_messages.oversized`); ``final``: for the verdict.
+
+        The final wording depends only on facts every rank shares (the missing ranks, the launcher's count),
+        so every rank that gives up words it alike; the progress log also waits for a quiet period.
+        """
         quiet = time.monotonic() - self._arrivals[1] if self._arrivals is not None else 0.0
+        quiet = math.inf if final else quiet
         return _messages.oversized(world_size=self.world_size, missing=missing, launched=self.launched, quiet_for=quiet)
 
     # internals ------------------------------------------------------------------------------------
@@ -383,6 +392,7 @@ class JoinProtocol:
         state = _text(self.store.compare_set(self._key(generation, "state"), "", text))
         if state in (text, "ok"):
             # Ours is the verdict (or the world formed without this process): raise it here.
+            self._saw(generation)
             self._linger(generation)
             raise verdict
         raise self._read_verdict(generation, state)
@@ -404,28 +414,44 @@ class JoinProtocol:
 
     def _read_verdict(self, generation: int, state: str) -> RendezvousError:
         self.stop_beating()
-        # If the host is gone already, the verdict text is what matters.
-        with contextlib.suppress(dist.DistError):
-            self.store.add(self._key(generation, "seen"), 1)
+        self._saw(generation)
         verdict = _messages.verdict_from_json(state, rank=self.rank)
         # A lost rank never reads the verdict: do not wait for it.
         self._linger(generation, absent=len(verdict.ranks) if isinstance(verdict, RankLostError) else 0)
         return verdict
 
+    def _saw(self, generation: int) -> None:
+        """Count this rank among those that know the verdict (if the host is gone, the text is what matters)."""
+        with contextlib.suppress(dist.DistError):
+            self.store.add(self._key(generation, "seen"), 1)
+
     def _linger(self, generation: int, *, absent: int = 0) -> None:
-        """On the store host: stay up until every joined rank read the verdict, at most :data:`LINGER` s."""
+        """On the store host: stay up until every rank learned the verdict, at most :data:`LINGER` s.
+
+        Every rank, joined or not: a rank refused before it counted (a world-size mismatch, a duplicate) or
+        one still connecting learns the verdict only while the store is up. ``absent`` ranks (lost) never
+        read it. When fewer processes came than ``world_size`` says (a mismatch: the host cannot know which
+        size is true), the host leaves once every joined rank knows and nobody new learned it for
+        :data:`LINGER_QUIET` s.
+        """
         if not self.hosting:
             return
-        end = time.monotonic() + LINGER
-        while time.monotonic() < end:
+        now = time.monotonic()
+        end, last = now + LINGER, (-1, now)
+        while now < end:
             try:
                 seen = self.store.add(self._key(generation, "seen"), 0)
                 joined = self.store.add(self._key(generation, "joined"), 0)
             except dist.DistError:
                 return
-            if seen >= joined - absent:
+            if seen >= self.world_size - absent:
+                return
+            if seen != last[0]:
+                last = (seen, now)
+            elif seen >= joined - absent and now - last[1] >= LINGER_QUIET:
                 return
             time.sleep(0.05)
+            now = time.monotonic()
 
 
 def _log_waiting(join: JoinProtocol, generation: int, *, missing: list[int], waited: float) -> None:

@@ -305,9 +305,12 @@ QUIET = 10.0
 def oversized(
     *, world_size: int, missing: Sequence[int], launched: tuple[int, str] | None, quiet_for: float
 ) -> str | None:
-    """Why the missing ranks may never come: WORLD_SIZE larger than what was launched (None: no sign of it).
+    """Why the missing ranks may never come, from facts every rank shares (None: no sign of it).
 
-    ``launched`` is the launcher's own count (``(n, "VAR=n")``); ``quiet_for`` how long no new rank arrived.
+    ``launched`` is the launcher's own count (``(n, "VAR=n")``): below ``world_size``, WORLD_SIZE is too
+    large; equal, every process was started, so the missing ones exited or crashed before joining. Without
+    a count, missing top ranks get both possibilities once nothing new arrived for :data:`QUIET` s
+    (``quiet_for``; pass ``math.inf`` for the final verdict, so that every rank words it alike).
     """
     if not missing or len(missing) >= world_size:
         return None
@@ -317,11 +320,17 @@ def oversized(
             f"WORLD_SIZE={world_size} is larger than what the launcher started ({launched[1]}): ranks "
             f"{_ranks(missing)} were never launched"
         )
-    top = list(missing) == list(range(present, world_size))
-    if launched is None and top and quiet_for >= QUIET:
+    if launched is not None:
         return (
-            f"ranks 0..{present - 1} joined and nothing new arrived for {quiet_for:.0f} s: ranks {_ranks(missing)} "
-            f"never came, so WORLD_SIZE={world_size} may be larger than the number of processes launched"
+            f"the launcher started all {world_size} processes ({launched[1]}): ranks {_ranks(missing)} exited or "
+            "crashed before joining, or use another MASTER_ADDR/MASTER_PORT"
+        )
+    top = list(missing) == list(range(present, world_size))
+    if top and quiet_for >= QUIET:
+        return (
+            f"ranks 0..{present - 1} joined and ranks {_ranks(missing)} never came: they exited or crashed before "
+            f"joining, or WORLD_SIZE={world_size} may be larger than the number of processes launched (the "
+            "launcher does not say how many it started)"
         )
     return None
 
@@ -384,8 +393,8 @@ def rendezvous_timeout(
         head = f"missing ranks {_ranks(missing)} of world size {world_size}"
         why = f"{hint}."
         fix = (
-            "set WORLD_SIZE to the number of processes launched (or let distinit.env_from_scheduler() derive it "
-            "from the launcher), or launch the missing ranks."
+            "read the missing ranks' logs for a crash; set WORLD_SIZE to the number of processes launched (or let "
+            "distinit.env_from_scheduler() derive it from the launcher), or launch the missing ranks."
         )
     elif missing:
         head = f"missing ranks {_ranks(missing)} of world size {world_size}"

@@ -249,7 +249,7 @@ class Rendezvous:
             generation=self.generation,
             blocked=blocked,
             last_kind=last_kind,
-            hint=join.hint(missing) if join is not None else None,
+            hint=join.hint(missing, final=True) if join is not None else None,
         )
 
     # the thread's body and what the caller may ask -------------------------------------------------

@@ -6,6 +6,8 @@ import atexit
 import functools
 import gc
 import logging
+import sys
+import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 
@@ -22,11 +24,15 @@ from distinit.init._boundary import readable
 from distinit.init._bounds import Bounds
 from distinit.init._flight import SingleFlight
 from distinit.init._handover import OVERRUN_GRACE
+from distinit.init._heartbeat import Liveness, peer_closed
+from distinit.init._pace import Pace
 from distinit.init._report import InitReport
 
 logger = logging.getLogger("distinit.init")
 
 _ONE_AT_A_TIME = SingleFlight("setup()")
+#: Longest time teardown() spends naming a peer that went away (two beats and the store's round trips).
+LOST_BOUND = 5.0
 
 
 class SetupResult(BaseModel):
@@ -51,6 +57,7 @@ class _Current:
     """The process-wide result of :func:`setup` (set by ``setup()``, undone by ``teardown()``)."""
 
     result: SetupResult | None = None
+    liveness: Liveness | None = None
     atexit_registered: bool = False
 
 
@@ -135,15 +142,61 @@ def _setup(
         env.export()
     result = SetupResult(env=env, report=report, device=device)
     _Current.result = result
+    _Current.liveness = _watch(env.world_size)
     if not _Current.atexit_registered:
         atexit.register(teardown)
         _Current.atexit_registered = True
     return result
 
 
+def _watch(world_size: int) -> Liveness | None:
+    """Keep the ranks' liveness after setup() (see :class:`~._heartbeat.Liveness`) on the group's store."""
+    default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if world_size < 2 or default_store is None or not dist.is_initialized():
+        return None
+    pace = Pace.for_world(world_size)
+    liveness = Liveness(
+        dist.PrefixStore("distinit", default_store()),
+        rank=dist.get_rank(),
+        world_size=world_size,
+        beat=pace.beat,
+        stale=pace.stale,
+    )
+    liveness.start()
+    return liveness
+
+
+def _name_the_lost(liveness: Liveness) -> None:
+    """The process ends on an uncaught collective error from a peer that went away: name the peer (bounded)."""
+    failed = getattr(sys, "last_value", None)
+    if not peer_closed(failed):
+        return
+    found: list[str | None] = []
+    thread = threading.Thread(target=lambda: found.append(liveness.lost(LOST_BOUND)), name="distinit-lost", daemon=True)
+    thread.start()
+    thread.join(LOST_BOUND + 1.0)
+    logger.warning(
+        "rank %d: the collective failed because a peer went away: %s",
+        liveness.rank,
+        found[0] if found and found[0] else f"no rank could be named within {LOST_BOUND:.0f} s",
+        extra={"distinit": {"event": "init.peer_closed", "rank": liveness.rank}},
+    )
+    if liveness.rank == 0:
+        liveness.linger(LOST_BOUND)  # the others read the finding from the store rank 0 hosts
+
+
 def teardown() -> None:
-    """Destroy the default process group if one exists and forget :func:`setup`'s result. Idempotent."""
+    """Destroy the default process group if one exists and forget :func:`setup`'s result. Idempotent.
+
+    At interpreter exit after an uncaught collective error from a peer that went away (gloo's "Connection
+    closed by peer", NCCL's remote errors), it first logs a WARNING naming the rank, host and pid that went
+    away and when it last beat (:class:`~._heartbeat.Liveness`).
+    """
     _Current.result = None
+    liveness, _Current.liveness = _Current.liveness, None
+    if liveness is not None:
+        _name_the_lost(liveness)
+        liveness.stop()
     if dist.is_available() and dist.is_initialized():
         # Free cyclic garbage that still holds the group (a DDP reducer, say) while the interpreter is
         # fully alive: left to interpreter shutdown, its native threads may be torn down out of order.

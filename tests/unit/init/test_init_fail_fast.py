@@ -3,6 +3,7 @@ and the one readable error at the public boundary."""
 
 from __future__ import annotations
 
+import math
 import pickle
 import socket
 import threading
@@ -110,7 +111,10 @@ def test_oversized_world_named_with_the_launcher_count() -> None:
     assert quiet and "may be larger" in quiet
     assert _messages.oversized(world_size=4, missing=[2, 3], launched=None, quiet_for=1.0) is None  # still arriving
     assert _messages.oversized(world_size=4, missing=[1], launched=None, quiet_for=99) is None  # a hole, not the top
-    assert _messages.oversized(world_size=4, missing=[3], launched=(4, "PMI_SIZE=4"), quiet_for=99) is None
+    started = _messages.oversized(world_size=4, missing=[3], launched=(4, "PMI_SIZE=4"), quiet_for=0)
+    assert started and "the launcher started all 4 processes (PMI_SIZE=4): ranks [3] exited or crashed" in started
+    final = _messages.oversized(world_size=4, missing=[2, 3], launched=None, quiet_for=math.inf)
+    assert final and "exited or crashed before joining, or WORLD_SIZE=4 may be larger" in final
     exc = _messages.rendezvous_timeout(
         rank=0, world_size=4, master="h:1", deadline=9, missing=[2, 3], attempts=["#1 join"], generation=0, hint=hint
     )

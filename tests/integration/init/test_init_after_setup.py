@@ -1,0 +1,72 @@
+"""A rank that dies right after setup(): the survivors' output names it (rank, host, pid, last seen).
+
+Real processes, a real gloo group: rank 2 of 3 is SIGKILLed once every rank returned from setup(); the others
+then call all_reduce (gloo: "Connection closed by peer") and end with the traceback, next to which distinit
+logs the rank that went away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from init_launch import free_port
+
+WORKER = Path(__file__).with_name("_after_setup_worker.py")
+
+
+def _start(rank: int, world: int, port: int, where: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+    )
+    log = (where / f"rank{rank}.log").open("wb")
+    with log:
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps({"dir": str(where)})],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_killed_after_setup_is_named_by_the_survivors(tmp_path: Path) -> None:
+    port, world = free_port(), 3
+    procs = [_start(r, world, port, tmp_path) for r in range(world)]
+    try:
+        end = time.monotonic() + 90
+        while not all((tmp_path / f"ready{r}").exists() for r in range(world)):
+            assert time.monotonic() < end, [p.poll() for p in procs]
+            assert all(p.poll() is None for p in procs), [(tmp_path / f"rank{r}.log").read_text() for r in range(world)]
+            time.sleep(0.05)
+        victim = procs[2]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(timeout=30)
+        (tmp_path / "go").touch()
+        for proc in procs[:2]:
+            proc.wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    named = f"rank 2 (host {socket.gethostname()}, pid {victim.pid})"
+    for rank in (0, 1):
+        log = (tmp_path / f"rank{rank}.log").read_text()
+        assert procs[rank].returncode != 0, log
+        assert "the collective failed because a peer went away" in log, log
+        assert named in log and "its process is gone" in log and "last heartbeat" in log, log
