@@ -94,6 +94,7 @@ def test_public_classes_name_their_public_module() -> None:
         "distinit.env",
         "distinit.init",
         "distinit.watchdog",
+        "distinit.watchdog.elastic",
         "distinit.broadcast",
         "distinit.testing",
         "distinit.doctor",

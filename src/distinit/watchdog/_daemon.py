@@ -10,6 +10,7 @@ from types import FrameType
 
 from distinit._duration import to_seconds
 from distinit.watchdog._server import WatchdogServer
+from distinit.watchdog._timer_server import FileTimerServer
 
 
 def serve(
@@ -22,13 +23,17 @@ def serve(
     resolution: float = 0.02,
     group_window: float = 1.0,
     victim_hold: float = 2.0,
+    torch_fifo: str | None = None,
 ) -> int:
     """Run a :class:`WatchdogServer` in this process until SIGTERM or SIGINT; returns the exit status (0).
 
+    With ``torch_fifo``, a :class:`~distinit.watchdog.elastic.FileTimerServer` also serves torch's
+    ``FileTimerClient`` (and distinit's drop-in) on that FIFO, for jobs that keep torch's timer API.
     Must be called from the main thread (it installs the signal handlers, and restores them on return).
 
     Raises:
-        WatchdogError: the server could not start (see :meth:`WatchdogServer.start`).
+        WatchdogError: the server could not start (see :meth:`WatchdogServer.start`), or the FIFO or the
+            events file was refused.
     """
     stop = threading.Event()
 
@@ -47,8 +52,16 @@ def serve(
             group_window=group_window,
             victim_hold=victim_hold,
         ):
-            while not stop.wait(1.0):
-                pass
+            timers = None
+            if torch_fifo is not None:
+                timers = FileTimerServer(torch_fifo, "distinit-watchdog-serve", max_interval=1.0, events=events)
+                timers.start()
+            try:
+                while not stop.wait(1.0):
+                    pass
+            finally:
+                if timers is not None:
+                    timers.stop()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -112,10 +125,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=2.0,
         help="seconds between killing the culprit and killing the victims still in their region (default 2)",
     )
+    parser.add_argument(
+        "--torch-fifo",
+        default=None,
+        metavar="PATH",
+        help="also serve torch's FileTimerClient on this FIFO (created 0600; e.g. the path workers read from "
+        "$TORCHELASTIC_TIMER_FILE): the requested signal, after a stack dump when the worker allows it",
+    )
 
 
 # The parsed ``serve`` options passed on to :func:`serve` by name (all but ``--path``).
-_SERVE_OPTIONS = ("grace", "events", "dump_stacks", "kill_group", "resolution", "group_window", "victim_hold")
+_SERVE_OPTIONS = (
+    "grace",
+    "events",
+    "dump_stacks",
+    "kill_group",
+    "resolution",
+    "group_window",
+    "victim_hold",
+    "torch_fifo",
+)
 
 
 def run_from_args(args: argparse.Namespace) -> int:

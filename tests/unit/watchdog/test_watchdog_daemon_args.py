@@ -47,7 +47,9 @@ def test_every_serve_option_reaches_the_server(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(_daemon, "serve", lambda path, **kw: seen.update(kw, path=path) or 0)
     parser = argparse.ArgumentParser()
     add_watchdog_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["watchdog", "serve", "--path", "p", "--group-window", "3", "--victim-hold", "4"])
+    args = parser.parse_args(
+        ["watchdog", "serve", "--path", "p", "--group-window", "3", "--victim-hold", "4", "--torch-fifo", "/tmp/t"]
+    )
     assert run_from_args(args) == 0
     assert seen == {
         "path": "p",
@@ -58,6 +60,7 @@ def test_every_serve_option_reaches_the_server(monkeypatch: pytest.MonkeyPatch) 
         "resolution": 0.02,
         "group_window": 3.0,
         "victim_hold": 4.0,
+        "torch_fifo": "/tmp/t",
     }
 
 

@@ -1,0 +1,366 @@
+"""The worker side of the torch FileTimer drop-in: the request, the client, ``configure`` and ``expires``.
+
+Same names, signatures and wire format as ``torch.distributed.elastic.timer`` (one JSON line per request
+through the server's FIFO: ``version``, ``pid``, ``scope_id``, ``expiration_time`` as absolute epoch seconds,
+-1 to release, ``signal``), so either side can be torch's. What differs from torch, on purpose:
+
+* the FIFO is opened once and kept open (torch opens, writes and closes it on every request), which makes
+  ``acquire`` + ``release`` two ``write`` calls;
+* an acquire line also carries ``"start"``, the worker's start time from ``/proc/self/stat``, so the server
+  can tell this process from a later one that reuses its pid (torch's server ignores unknown keys);
+* the client installs faulthandler on the dump signal, writing to ``<fifo>.<pid>.<start>.stack``, so the
+  server can record the hung worker's Python stack before it sends the requested signal;
+* the default scope is the caller's ``file#line`` (torch's ``inspect.stack()[1]`` names a line of
+  ``contextlib.py``, so every default-scope region of a process shares one scope).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import functools
+import json
+import logging
+import os
+import select
+import signal as _signal
+import stat
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, Protocol
+
+from distinit.watchdog import _dump
+from distinit.watchdog._proc import start_time
+
+logger = logging.getLogger("distinit.watchdog")
+
+#: The signal the client's faulthandler dumps its stack on (the native client's, too).
+DUMP_SIGNAL = _signal.SIGRTMIN + 6
+#: The longest request line (torch's limit: one atomic FIFO write).
+MAX_LINE_BYTES = select.PIPE_BUF
+# torch's client retries opening the FIFO 10 times, 0.1 s apart, before raising BrokenPipeError.
+_OPEN_TRIES = 10
+_OPEN_PAUSE = 0.1
+# fail_open: how long after a failed open before the next attempt (regions in between run unguarded).
+_FAIL_OPEN_RETRY = 5.0
+# How long a write waits for room in a full FIFO before giving up.
+_FULL_WAIT = 1.0
+
+
+def stack_path(file_path: str, pid: int, start: int) -> str:
+    """Where worker ``pid`` (started at ``start`` ticks) writes its stack dump for the FIFO ``file_path``."""
+    return f"{file_path}.{pid}.{start}.stack"
+
+
+class TimerClient(Protocol):
+    """What ``expires`` needs of a client: torch's ``TimerClient`` methods (any torch client fits)."""
+
+    def acquire(self, scope_id: str, expiration_time: float) -> None:
+        """Arm ``scope_id`` until ``expiration_time`` (epoch seconds)."""
+
+    def release(self, scope_id: str) -> None:
+        """Disarm ``scope_id``."""
+
+
+class FileTimerRequest:
+    """One acquire (``expiration_time`` ≥ 0, epoch seconds) or release (< 0) request; torch's data object.
+
+    Args:
+        worker_pid: the process the timer guards.
+        scope_id: the region's name; one timer per (pid, scope).
+        expiration_time: absolute ``time.time()`` seconds; negative releases.
+        signal: what the server sends on expiry (≤ 0: only log it).
+    """
+
+    __slots__ = ("expiration_time", "scope_id", "signal", "version", "worker_id")
+
+    def __init__(self, worker_pid: int, scope_id: str, expiration_time: float, signal: int = 0) -> None:
+        self.worker_id = worker_pid
+        self.scope_id = scope_id
+        self.expiration_time = expiration_time
+        self.version = 1
+        self.signal = signal
+
+    @property
+    def worker_pid(self) -> int:
+        """The guarded process (torch's alias of ``worker_id``)."""
+        return self.worker_id
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FileTimerRequest):
+            return False
+        return (self.worker_id, self.scope_id, self.expiration_time, self.version, self.signal) == (
+            other.worker_id,
+            other.scope_id,
+            other.expiration_time,
+            other.version,
+            other.signal,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value: as torch's
+
+    def __repr__(self) -> str:
+        return (
+            f"FileTimerRequest(worker_pid={self.worker_id!r}, scope_id={self.scope_id!r}, "
+            f"expiration_time={self.expiration_time!r}, signal={self.signal!r})"
+        )
+
+    def to_json(self) -> str:
+        """The wire form: one JSON object (torch's keys and order)."""
+        return json.dumps(
+            {
+                "version": self.version,
+                "pid": self.worker_pid,
+                "scope_id": self.scope_id,
+                "expiration_time": self.expiration_time,
+                "signal": self.signal,
+            }
+        )
+
+
+class FileTimerClient:
+    """Send timer requests to a ``FileTimerServer`` (distinit's or torch's) through its FIFO.
+
+    Args:
+        file_path: the FIFO the server created.
+        signal: what the server sends the worker on expiry (default SIGKILL: exit status -9; ≤ 0: only log).
+        fail_open: when no server is reading (no FIFO, nobody reading it, FIFO full for 1 s), warn once and
+            run the region unguarded instead of raising ``BrokenPipeError`` (torch's behaviour, the default).
+        dump_stacks: install faulthandler on the dump signal so the server can record this worker's stack.
+
+    Raises:
+        TypeError: ``signal`` is not an integer.
+    """
+
+    def __init__(
+        self,
+        file_path: str,
+        signal: int = _signal.SIGKILL,
+        *,
+        fail_open: bool = False,
+        dump_stacks: bool = True,
+    ) -> None:
+        if isinstance(signal, bool) or not isinstance(signal, int):
+            raise TypeError(f"signal must be an int (e.g. signal.SIGKILL), got {signal!r}")
+        self._file_path = file_path
+        self.signal = int(signal)
+        self._fail_open = fail_open
+        self._dump_stacks = dump_stacks
+        self._fd: int | None = None
+        self._pid = -1
+        self._prefix = b""
+        self._stack: IO[bytes] | None = None
+        self._stack_path = ""
+        self._cleanup: Callable[[], None] = lambda: None
+        self._warned = False
+        self._retry_at = 0.0  # fail_open: no new attempt to open the FIFO before this (monotonic)
+        self._scopes: dict[str, bytes] = {}
+
+    # -- the two calls torch's ``expires`` makes ------------------------------------------------------------
+
+    def acquire(self, scope_id: str, expiration_time: float) -> None:
+        """Arm ``scope_id`` until ``expiration_time`` (epoch seconds), replacing this process's timer of that scope.
+
+        Raises:
+            BrokenPipeError: no server is reading the FIFO (unless ``fail_open``).
+            RuntimeError: the request line is longer than ``select.PIPE_BUF`` (a very long scope id).
+        """
+        if self._pid != os.getpid():
+            self._adopt_process()
+        self._write(b'%s%s, "expiration_time": %s}\n' % (self._prefix, self._scope(scope_id), _number(expiration_time)))
+
+    def release(self, scope_id: str) -> None:
+        """Disarm ``scope_id`` (a scope that is not armed is a no-op on the server).
+
+        Raises:
+            BrokenPipeError: no server is reading the FIFO (unless ``fail_open``).
+        """
+        if self._pid != os.getpid():
+            self._adopt_process()
+        line = b'{"version": 1, "pid": %d, "scope_id": %s, "expiration_time": -1, "signal": 0}\n'
+        self._write(line % (self._pid, self._scope(scope_id)))
+
+    def _send_request(self, request: FileTimerRequest) -> None:
+        """Send any request as it is (torch's tests forge pids with it); the line is torch's ``to_json()``."""
+        if self._pid != os.getpid():
+            self._adopt_process()
+        self._write(request.to_json().encode() + b"\n")
+
+    def close(self) -> None:
+        """Close the FIFO and remove this client's dump handler and stack file (idempotent).
+
+        A later request opens the FIFO again (and, in a new process, installs the dump handler again).
+        """
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._drop_dump()
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _scope(self, scope_id: str) -> bytes:
+        encoded = self._scopes.get(scope_id)
+        if encoded is None:
+            encoded = json.dumps(scope_id).encode()
+            if len(self._scopes) < 4096:
+                self._scopes[scope_id] = encoded
+        return encoded
+
+    def _adopt_process(self) -> None:
+        """Bind to the current process (first use, or after a fork): pid, start time, stack dump handler."""
+        pid = os.getpid()
+        start = start_time(pid)
+        self._pid = pid
+        extra = b"" if start is None else b'"start": %d, ' % start
+        # Key order is free in JSON: the scope and the time come last, so acquire fills one bytes template.
+        self._prefix = b'{"version": 1, "pid": %d, %s"signal": %d, "scope_id": ' % (pid, extra, self.signal)
+        if self._dump_stacks and start is not None:
+            self._install_dump(stack_path(self._file_path, pid, start))
+
+    def _install_dump(self, path: str) -> None:
+        self._drop_dump()
+        try:
+            self._stack = _dump.install(path, DUMP_SIGNAL)
+        except (OSError, ValueError, RuntimeError) as exc:
+            logger.debug("watchdog: no stack dumps for pid %d: %s", os.getpid(), exc)
+            return
+        self._stack_path = path
+        self._cleanup = functools.partial(_remove_quietly, path)
+        atexit.register(self._cleanup)
+
+    def _drop_dump(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        if self._pid == os.getpid():  # a forked child's handler is its own; the parent's file is the parent's
+            faulthandler.unregister(DUMP_SIGNAL)
+            atexit.unregister(self._cleanup)
+            _remove_quietly(self._stack_path)
+        with contextlib.suppress(OSError):
+            stack.close()
+
+    def _write(self, line: bytes) -> None:
+        if len(line) > MAX_LINE_BYTES:
+            raise RuntimeError(
+                f"FileTimerRequest larger than {MAX_LINE_BYTES} bytes is not supported: {line[:200]!r}..."
+            )
+        for attempt in (0, 1):
+            if self._fd is None and (time.monotonic() < self._retry_at or not self._open()):
+                return
+            fd = self._fd
+            if fd is None:  # pragma: no cover - _open returned True, so it is set
+                return
+            try:
+                os.write(fd, line)
+                return
+            except BlockingIOError:
+                if self._wait_room(fd):
+                    with contextlib.suppress(BlockingIOError):
+                        os.write(fd, line)
+                        return
+                self._unavailable("the FIFO stayed full for 1 s: the server is not reading it")
+                return
+            except OSError:  # EPIPE: the server went away; its successor made a new FIFO: reopen once
+                self.close()
+                if attempt:
+                    self._unavailable("nobody reads the FIFO")
+                    return
+        return
+
+    @staticmethod
+    def _wait_room(fd: int) -> bool:
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return bool(poller.poll(int(_FULL_WAIT * 1000)))
+
+    def _open(self) -> bool:
+        """Open the FIFO for writing (torch: 10 tries 0.1 s apart); False when failing open."""
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        reason = ""
+        tries = 1 if self._fail_open else _OPEN_TRIES  # failing open must not cost a second per region
+        for attempt in range(tries):
+            try:
+                fd = os.open(self._file_path, flags)
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+            else:
+                st = os.fstat(fd)
+                if stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid():
+                    self._fd = fd
+                    return True
+                os.close(fd)
+                reason = "it is not a FIFO of this user (refused)"
+            if attempt < tries - 1:
+                time.sleep(_OPEN_PAUSE)
+        self._unavailable(reason)
+        return False
+
+    def _unavailable(self, reason: str) -> None:
+        what = (
+            f"Could not send the FileTimerRequest because FileTimerServer is not available: "
+            f"{self._file_path!r} (pid {os.getpid()}): {reason}"
+        )
+        if not self._fail_open:
+            raise BrokenPipeError(what)
+        self._retry_at = time.monotonic() + _FAIL_OPEN_RETRY
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "%s; fail_open: running unguarded", what, extra={"distinit": {"event": "watchdog.fail_open"}}
+            )
+
+
+def _number(value: float) -> bytes:
+    """A JSON number as ``json.dumps`` writes it (``repr`` is the same text for finite floats, and faster)."""
+    if type(value) is float and value - value == 0.0:
+        return repr(value).encode()
+    return json.dumps(value).encode()
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+_timer_client: TimerClient | None = None
+
+
+def configure(timer_client: TimerClient | None) -> None:
+    """Make ``timer_client`` the one ``expires()`` uses when given none (``None`` unsets it)."""
+    global _timer_client
+    _timer_client = timer_client
+
+
+@contextlib.contextmanager
+def expires(after: float, scope: str | None = None, client: TimerClient | None = None) -> Iterator[None]:
+    """Guard the block: the worker may be reaped if it is still inside ``after`` seconds from now.
+
+    ``scope`` defaults to the caller's ``file#line``; a region re-entered with the same scope (recursion)
+    replaces its timer and the inner exit releases it, as torch's does.
+
+    Raises:
+        RuntimeError: no ``client`` was passed and none was configured (torch's error).
+    """
+    if client is None:
+        if _timer_client is None:
+            raise RuntimeError(
+                "Configure timer client before using countdown timers: call "
+                "distinit.watchdog.elastic.configure(FileTimerClient(path)) first, or pass client=."
+            )
+        client = _timer_client
+    if scope is None:
+        caller = sys._getframe(2)  # 0: this generator, 1: contextlib's __enter__, 2: the with statement
+        scope = f"{caller.f_code.co_filename}#{caller.f_lineno}"
+    client.acquire(scope, time.time() + after)
+    try:
+        yield
+    finally:
+        client.release(scope)
+
+
+# Their public home: reprs and pickles name distinit.watchdog.elastic, never this private module.
+for _public in (TimerClient, FileTimerRequest, FileTimerClient):
+    _public.__module__ = "distinit.watchdog.elastic"

@@ -1,0 +1,539 @@
+"""The server side of the torch FileTimer drop-in: ``FileTimerServer``, over torch's FIFO protocol.
+
+Same constructor, methods and request handling as ``torch.distributed.elastic.timer.FileTimerServer``
+(``_timers`` keyed by (pid, scope), ``register_timers``, ``clear_timers``, ``get_expired_timers``,
+``_reap_worker``, ``run_once``, ``start``/``stop``, ``log_event(name, request)``), so torch's clients and
+torch's tests work unchanged. Where torch is wrong, it differs (docs/watchdog.md, "Migrating from torch's
+FileTimer"):
+
+* it never signals its own process, its parent, pid ≤ 1, a negative pid (a process group) or a process of
+  another user; torch sends the worker's signal to its own process after every reap;
+* a worker is the pid *and* the start time seen when its timer was acquired (``"start"`` in the request
+  when the client sends it, else read from procfs on arrival), signalled through a pidfd: a reused pid is
+  never signalled (torch checks ``os.kill(pid, 0)``);
+* a worker whose client installed the dump handler gets a stack dump (bounded by ``dump_timeout``, 0.1 s)
+  before the signal;
+* expiry is noticed at the deadline (the loop sleeps until the nearest deadline, at most ``max_interval``),
+  not up to a whole ``max_interval`` late;
+* the FIFO is created 0600, refused if a symlink, a directory or another user's file stands at the path, and
+  every request is bounded and validated: a malformed, oversized or hostile line is logged and dropped and
+  never stops the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import select
+import signal as _signal
+import stat
+import threading
+import time
+from collections.abc import Callable
+
+from distinit.errors import WatchdogError
+from distinit.watchdog import _dump
+from distinit.watchdog._events import EventSink, Outcome, WatchdogEvent
+from distinit.watchdog._ladder import signal_name
+from distinit.watchdog._proc import ProcessRef, owner_uid, state
+from distinit.watchdog._timer_client import DUMP_SIGNAL, MAX_LINE_BYTES, FileTimerRequest, stack_path
+
+logger = logging.getLogger("distinit.watchdog")
+
+#: The most timers held at once; acquires beyond it are dropped with a warning (a flooding client).
+MAX_TIMERS = 65536
+#: The longest scope id kept (longer ones are cut; lines are bounded by PIPE_BUF anyway).
+MAX_SCOPE_CHARS = 1024
+# The most bytes read from the FIFO in one pass, so a flooding writer cannot delay expiry checks.
+_READ_BUDGET = 1 << 20
+_WARN_EVERY = 5.0
+_SIGNAL_MAX = int(_signal.SIGRTMAX)
+
+LogEvent = Callable[[str, FileTimerRequest | None], None]
+
+
+def parse_request(line: bytes) -> FileTimerRequest | str:
+    """One request line → a request, or the reason it is refused (never raises).
+
+    The line must be one JSON object with ``version`` 1, an integer ``pid``, a string ``scope_id``, a
+    finite number ``expiration_time`` and an integer ``signal`` within ±SIGRTMAX. An optional integer
+    ``start`` (the worker's start time, sent by distinit's client) is kept on the request as ``start``.
+    Scope ids are kept as ASCII: other characters are escaped with a backslash, control characters too.
+    """
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        return f"not JSON ({type(exc).__name__})"
+    if not isinstance(doc, dict):
+        return f"not a JSON object ({type(doc).__name__})"
+    version, pid, scope, when, sig = (doc.get(k) for k in ("version", "pid", "scope_id", "expiration_time", "signal"))
+    if version != 1 or type(version) is not int:
+        return f"unsupported version {version!r}"
+    if type(pid) is not int or abs(pid) > 1 << 22:
+        return f"pid {pid!r} is not a pid"
+    if not isinstance(scope, str):
+        return f"scope_id {type(scope).__name__} is not a string"
+    if isinstance(when, bool) or not isinstance(when, int | float) or not math.isfinite(when):
+        return f"expiration_time {when!r} is not a finite number"
+    if type(sig) is not int or abs(sig) > _SIGNAL_MAX:
+        return f"signal {sig!r} is not a signal number"
+    start = doc.get("start")
+    return _Request(pid, _ascii(scope), float(when), sig, start if type(start) is int and start >= 0 else None)
+
+
+class _Request(FileTimerRequest):
+    """A request read from the FIFO, with the start time the client sent (None: a torch client)."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, pid: int, scope_id: str, expiration_time: float, signal: int, start: int | None) -> None:
+        super().__init__(pid, scope_id, expiration_time, signal)
+        self.start = start
+
+
+def _ascii(scope: str) -> str:
+    if scope.isascii() and scope.isprintable():
+        return scope[:MAX_SCOPE_CHARS]
+    return scope.encode("unicode_escape").decode("ascii")[:MAX_SCOPE_CHARS]
+
+
+def caught_signals(pid: int) -> int:
+    """The mask of signals ``pid`` has handlers for (``SigCgt`` in /proc/<pid>/status); 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
+def make_fifo(file_path: str) -> tuple[int, int]:
+    """Create the FIFO ``file_path`` (0600) and open it: (read end, keep-alive write end), both non-blocking.
+
+    As torch's server does, a FIFO or regular file of this user already at the path is replaced. A symlink,
+    a directory, another file type or another user's file is refused: removing it would follow a trap.
+
+    Raises:
+        WatchdogError: the path is refused or the FIFO cannot be created.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(file_path)
+        problem = ""
+        if stat.S_ISLNK(st.st_mode):
+            problem = "is a symlink"
+        elif not (stat.S_ISFIFO(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            problem = "is neither a FIFO nor a regular file"
+        elif st.st_uid != os.geteuid():
+            problem = f"belongs to uid {st.st_uid}, not to this server's uid {os.geteuid()}"
+        if problem:
+            raise WatchdogError(
+                f"refusing the timer FIFO path {file_path!r}: it {problem}",
+                why="FileTimerServer replaces what stands at its path; replacing this could follow a trap",
+                fix="remove it yourself, or choose a path in a directory only you can write",
+            )
+        os.unlink(file_path)
+    try:
+        os.mkfifo(file_path, 0o600)
+        rfd = os.open(file_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WatchdogError(
+            f"cannot create the timer FIFO {file_path!r}: {exc.strerror or exc}",
+            why="its directory is missing or not writable, or another process created the name first",
+            fix="choose a path in an existing directory only you can write",
+        ) from exc
+    st = os.fstat(rfd)
+    if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(rfd)
+        raise WatchdogError(
+            f"the timer FIFO {file_path!r} was replaced while it was being opened",
+            why="another process swapped the name between mkfifo and open",
+            fix="choose a path in a directory only you can write",
+        )
+    # Holding a write end ourselves keeps the FIFO from reporting end-of-file (POLLHUP) between clients.
+    wfd = os.open(file_path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return rfd, wfd
+
+
+class FileTimerServer:
+    """Reap workers whose timers expired; reads torch's FIFO protocol (distinit's or torch's clients).
+
+    Args:
+        file_path: the FIFO to create (what stands there is replaced, unless refused: see :func:`make_fifo`).
+        run_id: a name for this job, in log lines.
+        max_interval: the longest sleep of the watchdog loop, seconds (one ``_run_watchdog`` call per
+            interval, as torch's); expiries are noticed at their deadline, not at the next interval.
+        daemon: whether the watchdog thread is a daemon thread.
+        log_event: called as ``log_event(name, request)`` for "watchdog started", "timer expired",
+            "kill worker process" and "watchdog stopped" (torch's names); an exception it raises is logged.
+        dump_timeout: the longest wait for a worker's stack dump before its signal (0 disables dumps).
+        events: append each expiry as one ``WatchdogEvent`` JSON line to this file (as ``WatchdogServer``).
+
+    Raises:
+        ValueError: ``max_interval`` or ``dump_timeout`` is not a finite positive (non-negative) number.
+        WatchdogError: the FIFO or the events file is refused.
+    """
+
+    def __init__(
+        self,
+        file_path: str,
+        run_id: str,
+        max_interval: float = 10,
+        daemon: bool = True,
+        log_event: LogEvent | None = None,
+        *,
+        dump_timeout: float = 0.1,
+        events: str | None = None,
+    ) -> None:
+        if not (isinstance(max_interval, int | float) and math.isfinite(max_interval) and max_interval > 0):
+            raise ValueError(f"max_interval must be a finite number of seconds > 0, got {max_interval!r}")
+        if not (isinstance(dump_timeout, int | float) and math.isfinite(dump_timeout) and dump_timeout >= 0):
+            raise ValueError(f"dump_timeout must be a finite number of seconds >= 0, got {dump_timeout!r}")
+        self._file_path = file_path
+        self._run_id = run_id
+        self._max_interval = float(max_interval)
+        self._daemon = daemon
+        self._dump_timeout = float(dump_timeout)
+        self._log_event: LogEvent = log_event if log_event is not None else (lambda name, request: None)
+        self._timers: dict[tuple[int, str], FileTimerRequest] = {}
+        self._procs: dict[int, ProcessRef | None] = {}  # identity seen at acquire; None: never signalled
+        self._request_count = 0
+        self._stop_signaled = False
+        self._run_once = False
+        self._watchdog_thread: threading.Thread | None = None
+        self._is_client_started = False
+        self._last_progress_time = int(time.time())
+        self._pending = b""
+        self._skipping = False
+        self._warned_at: dict[str, float] = {}
+        self._dropped: dict[str, int] = {}
+        self._tick_end = 0.0
+        self._dumps: dict[int, tuple[str, int, float]] = {}  # stack dumps asked for in this pass
+        self._signalled: dict[int, bool] = {}  # pids _reap_worker signalled in this pass
+        self._sink = EventSink(events)
+        try:
+            self._rfd, self._wfd = make_fifo(file_path)
+        except BaseException:
+            self._sink.close()
+            raise
+        self._poller = select.poll()
+        self._poller.register(self._rfd, select.POLLIN)
+
+    # -- lifecycle (torch's) --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the watchdog thread."""
+        self._stop_signaled = False
+        self._tick_end = time.monotonic()
+        self._watchdog_thread = threading.Thread(
+            target=self._watchdog_loop, name="distinit-file-timer", daemon=self._daemon
+        )
+        self._watchdog_thread.start()
+        self._emit("watchdog started", None)
+
+    def stop(self) -> None:
+        """Stop the thread (waits at most ``max_interval`` + 1 s), remove the FIFO and close everything."""
+        self._stop_signaled = True
+        thread, self._watchdog_thread = self._watchdog_thread, None
+        if thread is not None:
+            thread.join(self._max_interval + 1.0)
+        self._close()
+        self._emit("watchdog stopped", None)
+
+    def run_once(self) -> None:
+        """Let the thread finish one more pass, reading every request already written, then stop it."""
+        self._run_once = True
+        thread, self._watchdog_thread = self._watchdog_thread, None
+        if thread is not None:
+            thread.join()
+        else:
+            self._run_watchdog()
+        self._close()
+
+    def get_last_progress_time(self) -> int:
+        """When the loop last completed a pass (epoch seconds; now, before any client connected)."""
+        return self._last_progress_time if self._is_client_started else int(time.time())
+
+    def _close(self) -> None:
+        for fd in (self._rfd, self._wfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._rfd = self._wfd = -1
+        with contextlib.suppress(OSError):
+            st = os.lstat(self._file_path)
+            if stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid():
+                os.unlink(self._file_path)
+        for ref in self._procs.values():
+            if ref is not None:
+                ref.close()
+        self._procs.clear()
+        self._sink.close()
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def is_process_running(pid: int) -> bool:
+        """Whether ``pid`` names a live process (never a process group: negative pids are not running)."""
+        return pid > 0 and state(pid) not in (None, "Z", "X")
+
+    def _watchdog_loop(self) -> None:
+        self._is_client_started = True
+        while not self._stop_signaled:
+            run_once = self._run_once
+            try:
+                self._run_watchdog()
+            except Exception:
+                self._warn("loop", "watchdog: the FileTimer loop failed; it goes on", exc_info=True)
+            if run_once:
+                break
+            self._last_progress_time = int(time.time())
+
+    def _run_watchdog(self) -> None:
+        """One interval: read requests, reap expired workers, sleep until the next deadline or the interval end.
+
+        Interval ends follow a fixed schedule (start + k·max_interval), so the number of calls matches the
+        elapsed time however late the thread is woken; expiries are handled inside the interval, at once.
+        """
+        interval = self._max_interval
+        now = time.monotonic()
+        self._tick_end = max(self._tick_end + interval, now - 10 * interval)
+        while True:
+            self.register_timers(self._read_requests())
+            self._reap_expired()
+            if self._run_once or self._stop_signaled:
+                return
+            now = time.monotonic()
+            left = self._tick_end - now
+            if left <= 0:
+                return
+            nearest = min((r.expiration_time for r in self._timers.values()), default=math.inf) - time.time()
+            wait = max(0.0, min(left, nearest))
+            with contextlib.suppress(InterruptedError):
+                self._poller.poll(math.ceil(wait * 1000))
+
+    def _read_requests(self) -> list[FileTimerRequest]:
+        """Every complete line the FIFO holds now (at most 1 MiB per pass), parsed; bad lines are logged."""
+        requests: list[FileTimerRequest] = []
+        budget = _READ_BUDGET
+        while budget > 0 and self._rfd >= 0:
+            try:
+                chunk = os.read(self._rfd, 65536)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                self._warn("read", f"watchdog: reading the timer FIFO {self._file_path!r} failed: {exc}")
+                break
+            if not chunk:
+                break
+            budget -= len(chunk)
+            self._split(chunk, requests)
+        return requests
+
+    def _split(self, chunk: bytes, requests: list[FileTimerRequest]) -> None:
+        data = self._pending + chunk
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            if self._skipping:  # the rest of an oversized line
+                self._skipping = False
+                continue
+            if len(line) >= MAX_LINE_BYTES:
+                self._reject(f"a line of {len(line)} bytes (limit {MAX_LINE_BYTES})")
+                continue
+            if not line.strip():
+                continue
+            parsed = parse_request(line)
+            if isinstance(parsed, str):
+                self._reject(parsed)
+            else:
+                requests.append(parsed)
+        if len(self._pending) >= MAX_LINE_BYTES:
+            self._reject(f"a line of more than {MAX_LINE_BYTES} bytes")
+            self._pending, self._skipping = b"", True
+
+    def register_timers(self, timer_requests: list[FileTimerRequest]) -> None:
+        """Apply requests: an acquire sets the (pid, scope) timer (replacing one of that scope), a release drops it."""
+        for request in timer_requests:
+            start = request.start if isinstance(request, _Request) else None
+            self._request_count += 1
+            key = (request.worker_pid, request.scope_id)
+            if request.expiration_time < 0:
+                self._timers.pop(key, None)
+                continue
+            if key not in self._timers and len(self._timers) >= MAX_TIMERS:
+                self._reject(f"more than {MAX_TIMERS} timers at once (pid {request.worker_pid})")
+                continue
+            self._timers[key] = request
+            self._identify(request.worker_pid, start)
+
+    def _identify(self, pid: int, start: int | None) -> None:
+        """Remember which process ``pid`` is now (pidfd + start time); None for pids never to be signalled."""
+        ref = self._procs.get(pid)
+        if ref is not None and (start is None or ref.start == start) and ref.matches():
+            return
+        if ref is not None:
+            ref.close()
+        new = ProcessRef.open(pid, start) if pid > 0 and owner_uid(pid) == os.geteuid() else None
+        self._procs[pid] = new
+
+    def clear_timers(self, worker_pids: set[int]) -> None:
+        """Drop every timer of ``worker_pids`` and of processes no longer running."""
+        for pid, scope_id in list(self._timers):
+            if pid in worker_pids or not self.is_process_running(pid):
+                del self._timers[(pid, scope_id)]
+        for pid in [p for p in self._procs if not any(k[0] == p for k in self._timers)]:
+            ref = self._procs.pop(pid)
+            if ref is not None:
+                ref.close()
+                _remove_stack(stack_path(self._file_path, pid, ref.start))
+
+    def get_expired_timers(self, deadline: float) -> dict[int, list[FileTimerRequest]]:
+        """Timers whose expiration time is at or before ``deadline`` (epoch seconds), by pid."""
+        expired: dict[int, list[FileTimerRequest]] = {}
+        for request in self._timers.values():
+            if request.expiration_time <= deadline:
+                expired.setdefault(request.worker_pid, []).append(request)
+        return expired
+
+    def _reap_expired(self) -> None:
+        now = time.time()
+        expired = self.get_expired_timers(now)
+        reaped: set[int] = set()
+        if expired:
+            plans = {pid: _earliest_signal(timers) for pid, timers in expired.items()}
+            for timers in expired.values():
+                for timer in sorted(timers, key=lambda t: t.expiration_time):
+                    self._emit("timer expired", timer)
+            self._dumps = self._begin_dumps([pid for pid, (sig, _) in plans.items() if sig > 0])
+            for pid, (sig, timer) in plans.items():
+                reaped.add(pid)
+                if sig <= 0:
+                    logger.info(
+                        "watchdog: pid %d overran %r; its signal is %d: not reaped (log only)", pid, timer.scope_id, sig
+                    )
+                    continue
+                if self._reap_worker(pid, sig):
+                    if self._signalled.pop(pid, False):
+                        self._emit("kill worker process", timer)
+                else:
+                    reaped.discard(pid)
+            self._dumps, self._signalled = {}, {}
+        self.clear_timers(reaped)
+
+    def _begin_dumps(self, pids: list[int]) -> dict[int, tuple[str, int, float]]:
+        """Ask every worker that installed the dump handler for its stack at once: pid -> (file, offset, since)."""
+        asked: dict[int, tuple[str, int, float]] = {}
+        if self._dump_timeout <= 0:
+            return asked
+        bit = 1 << (DUMP_SIGNAL - 1)
+        for pid in pids:
+            ref = self._procs.get(pid)
+            if ref is None or not caught_signals(pid) & bit:
+                continue  # no handler: the dump signal's default action would kill it
+            path = stack_path(self._file_path, pid, ref.start)
+            offset = _dump.file_size(path)
+            if offset >= 0 and ref.send(DUMP_SIGNAL):
+                ref.send(_signal.SIGCONT)
+                asked[pid] = (path, offset, time.monotonic())
+        return asked
+
+    def _reap_worker(self, worker_pid: int, signal: int) -> bool:
+        """Send ``signal`` to the worker that acquired the timer, after its stack dump; True when done with it.
+
+        Never signals a pid whose process changed since the acquire (reuse), its own process, its parent,
+        pid ≤ 1 or another user's process: those are logged and their timers dropped (True).
+        """
+        ref = self._procs.get(worker_pid)
+        scopes = sorted(s for p, s in self._timers if p == worker_pid)
+        overdue = min((r.expiration_time for (p, _), r in self._timers.items() if p == worker_pid), default=time.time())
+        dump = self._dumps.pop(worker_pid, None)
+        stack = None
+        if dump is not None:
+            path, offset, since = dump
+            stack = _dump.collect(path, offset, max(0.0, self._dump_timeout - (time.monotonic() - since)))
+        outcome: Outcome = "exited"
+        signals: list[str] = []
+        detail = ""
+        if ref is None:
+            detail = (
+                f"pid {worker_pid} was not signalled: when its timer was acquired it was not a live process of "
+                f"uid {os.geteuid()} that this server may signal (its own process, its parent, pid <= 1 or a "
+                "process group are never signalled)"
+            )
+        elif not ref.matches():
+            detail = (
+                f"pid {worker_pid} was not signalled: the process that acquired the timer is gone "
+                "(exited, or its pid now names another process)"
+            )
+        elif ref.send(signal):
+            outcome, signals = "killed", [signal_name(signal)]
+            self._signalled[worker_pid] = True
+            detail = f"sent the requested {signal_name(signal)}"
+        else:
+            detail = "the worker exited before the signal"
+        self._sink.emit(
+            WatchdogEvent(
+                event="watchdog.expired",
+                path=self._file_path,
+                pid=worker_pid,
+                start_time=ref.start if ref is not None else None,
+                uid=os.geteuid(),
+                scope=", ".join(scopes)[:MAX_SCOPE_CHARS],
+                overshoot_s=round(max(0.0, time.time() - overdue), 6),
+                stack_file=dump[0] if dump is not None else None,
+                stack=stack,
+                signals=tuple(signals),
+                outcome=outcome,
+                detail=f"run {self._run_id!r}: {detail}",
+            )
+        )
+        return True
+
+    # -- reporting --------------------------------------------------------------------------------------------
+
+    def _emit(self, name: str, request: FileTimerRequest | None) -> None:
+        try:
+            self._log_event(name, request)
+        except Exception:
+            self._warn("log_event", "watchdog: the FileTimerServer log_event callback raised", exc_info=True)
+
+    def _reject(self, why: str) -> None:
+        self._dropped["rejected"] = self._dropped.get("rejected", 0) + 1
+        self._warn(
+            "rejected",
+            f"watchdog: dropped a timer request on {self._file_path!r}: {why} "
+            f"({self._dropped['rejected']} dropped so far)",
+        )
+
+    def _warn(self, kind: str, message: str, *, exc_info: bool = False) -> None:
+        """Log at most one warning of each kind every 5 s (a flooding client cannot flood the log)."""
+        now = time.monotonic()
+        if now - self._warned_at.get(kind, -math.inf) >= _WARN_EVERY:
+            self._warned_at[kind] = now
+            logger.warning(
+                message, exc_info=exc_info, extra={"distinit": {"event": "watchdog.rejected", "path": self._file_path}}
+            )
+
+
+def _earliest_signal(timers: list[FileTimerRequest]) -> tuple[int, FileTimerRequest]:
+    """The signal torch picks: the signal of the earliest expired timer that has one (> 0), else 0 (log only)."""
+    ordered = sorted(timers, key=lambda t: t.expiration_time)
+    for timer in ordered:
+        if timer.signal > 0:
+            return timer.signal, timer
+    return 0, ordered[0]
+
+
+def _remove_stack(path: str) -> None:
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            os.unlink(path)
+
+
+# Its public home: reprs and pickles name distinit.watchdog.elastic, never this private module.
+FileTimerServer.__module__ = "distinit.watchdog.elastic"
