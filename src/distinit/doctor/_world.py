@@ -104,11 +104,9 @@ def world_checks(
         emit(check)
     if bad:  # every rank saw the same bytes: every rank stops here, with the same verdict
         emit(peer_failure(bad, host_of=host_of))
-        emit(nodes(layout))
         why = f"skipped: rank(s) {sorted(bad)} sent no valid document (see consensus)"
-        for check in skipped(
-            ["clock", "reach", *(["bandwidth"] if bandwidth else []), *(["nccl"] if nccl else [])], why
-        ):
+        rest = ["nodes", "clock", "reach", *(["bandwidth"] if bandwidth else []), *(["nccl"] if nccl else [])]
+        for check in skipped(rest, why):
             emit(check)
         return emit.checks
     emit(consensus({r: doc.facts.model_dump() for r, doc in by_rank.items()}, host_of=host_of))
