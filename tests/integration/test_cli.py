@@ -58,3 +58,23 @@ def test_watchdog_serve_refuses_an_open_directory(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "WatchdogError" in done.stderr and "0700" in done.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"], ["env", "--help"]], ids=["top", "doctor", "env"])
+def test_help_imports_neither_torch_nor_the_checks(argv: list[str]) -> None:
+    """``--help`` answers from argparse alone (its speed is measured in benchmarks/bench_doctor.py, not here)."""
+    probe = (
+        "import sys\n"
+        "from distinit.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit as stop:\n"
+        "    assert stop.code == 0, stop.code\n"
+        "heavy = sorted(m for m in sys.modules if m in ('torch', 'pydantic') or m.startswith('distinit.doctor'))\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage: distinit" in done.stdout
+    assert done.stdout.splitlines()[-1] == "HEAVY []", done.stdout[-500:]

@@ -12,6 +12,7 @@ import pytest
 from doctor_launch import DOCTOR, Ranks, check, clean_environ, in_uts, rank_environ
 
 from distinit.doctor._model import LOCAL_IDS
+from distinit.doctor._render import LINE_CHARS
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -77,3 +78,39 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(ranks: Ranks, por
     assert report["elapsed_s"] < 12 + 3
     assert {c["id"]: c["status"] for c in report["checks"]}["consensus"] == "skip"
     assert status == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_interface_at_world_four_is_one_failure_in_few_short_lines(port: int, tmp_path: Path) -> None:
+    """``GLOO_SOCKET_IFNAME=nonexistent0`` under 4 ranks: one cause (``route``) once, not route + world + names;
+    rank 0 prints its report, ranks 1-3 one line each with the same verdict; <= 40 lines, none over ~200."""
+    procs = [
+        subprocess.Popen(
+            [*DOCTOR, "--timeout", "30"],
+            env=rank_environ(rank, 4, port, GLOO_SOCKET_IFNAME="nonexistent0"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+        )
+        for rank in range(4)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=90) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    texts = [out.decode() for out, _ in outputs]
+    assert [proc.returncode for proc in procs] == [1, 1, 1, 1], [err.decode()[-2000:] for _, err in outputs]
+    lines = [line for text in texts for line in text.splitlines()]
+    assert len(lines) <= 40, "\n".join(lines)
+    assert max(len(line) for line in lines) <= LINE_CHARS, max(lines, key=len)
+    assert [line.split()[:2] for line in lines if line.startswith("  FAIL")] == [["FAIL", "route"]], texts[0]
+    assert "world      did not form, because of the route failure above" in texts[0]
+    assert texts[0].splitlines()[-1].startswith("verdict: FAILED (1 failed: route) in ")
+    for rank, text in enumerate(texts[1:], start=1):
+        assert text.count("\n") == 1 and text.startswith(f"distinit doctor: rank {rank} ("), text
+        assert "FAILED (1 failed: route)" in text and "ok;" not in text
+    fix = next(line for line in texts[0].splitlines() if line.startswith("  route: "))
+    assert "export GLOO_SOCKET_IFNAME=" in fix and "or unset it" in fix  # the variable is set: unsetting is a fix
