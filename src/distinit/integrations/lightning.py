@@ -263,11 +263,11 @@ class DistinitEnvironment(_Base):
         layout = self._layout
         table = _exchange(self._env, num_devices, num_nodes)
         if table is not None:
-            settings = {(row[2], row[3]) for row in table}
-            if len(settings) > 1:
-                raise self._settings_differ(table)
             exchanged = exchanged_layout(table)
-            layout = exchanged if exchanged.counts is not None else layout
+            if exchanged.counts is not None and not (layout.counts is not None and layout.ordered):
+                layout = exchanged  # the launcher's own list (Slurm) stays the one quoted when there is one
+            if len({(row[2], row[3]) for row in table}) > 1 and not layout.uneven:
+                raise self._settings_differ(table)
         conflict = placement_conflict(
             devices=num_devices,
             num_nodes=num_nodes,
