@@ -34,7 +34,10 @@ def fake_host(shm_size: str) -> str:
 
 
 class Job:
-    """One job's ranks; ``hosts`` lists rank groups and the /dev/shm size of each fake host (None: this host)."""
+    """One job's ranks; ``hosts`` lists rank groups and the /dev/shm size of each fake host (None: this host).
+
+    ``after``: a shell command each host's shell runs once its ranks exited (inside its fake host).
+    """
 
     def __init__(
         self,
@@ -44,6 +47,7 @@ class Job:
         *,
         env: dict[str, str] | None = None,
         command: Sequence[str] | None = None,
+        after: str | None = None,
     ) -> None:
         self.tmp_path, self.port = tmp_path, free_port()
         self.world = sum(len(ranks) for ranks, _ in hosts)
@@ -57,7 +61,7 @@ class Job:
                 f"RANK={r} LOCAL_RANK={i} {shlex.join(argv)} >{tmp_path}/rank{r}.out 2>{tmp_path}/rank{r}.err &"
                 for i, r in enumerate(ranks)
             ]
-            script = " ".join(starts) + " wait"
+            script = " ".join(starts) + " wait" + (f"; {after}" if after else "")
             line = f"{fake_host(shm_size)}{script}'" if shm_size else script
             self.procs.append(subprocess.Popen(["sh", "-c", line], env=base))
 

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +21,8 @@ import torch.distributed as dist
 from distinit.broadcast import _file, _shm, broadcast_module, broadcast_state_dict, broadcast_tensor
 from distinit.errors import BroadcastError
 
-TIMEOUT = 20.0
+TIMEOUT = float(os.environ.get("VIA_TIMEOUT", "20"))
+MEET = os.environ.get("VIA_MEET", "")  # a directory where a rank and a test's attacker meet, by marker files
 
 
 class Events(logging.Handler):
@@ -129,6 +131,15 @@ def scenario(name: str, rank: int, events: Events) -> dict[str, Any]:
             broadcast_tensor(ref if rank == 0 else None, via="network" if rank == world - 1 else "shm", timeout=TIMEOUT)
             after = broadcast_tensor(ref if rank == 0 else None, timeout=TIMEOUT)  # the group is still usable
             return {"equal": torch.equal(after, ref)}
+        if name == "attack":  # src: 16 MiB; rank 1 keeps zero-copy views, rank 2 passes a buffer
+            ref = payload(16 << 20)
+            mine = None if rank == 1 else (ref if rank == 0 else torch.zeros_like(ref))
+            got = broadcast_tensor(mine, via="shm", zero_copy=rank == 1, timeout=TIMEOUT)
+            result: dict[str, Any] = {"equal": torch.equal(got, ref), "elapsed": time.monotonic() - started}
+            if rank and MEET:  # the attacker tries again now that the call returned; the views must not change
+                meet(f"returned-{rank}", "after-done")
+                result["equal after"] = torch.equal(got, ref) and int(got.sum()) == int(ref.sum())
+            return result
         if name == "file-fault":
             ref = payload(2 << 20)
             buf = torch.zeros_like(ref)
@@ -158,6 +169,8 @@ def inject(fault: str, rank: int) -> None:
             return result
 
         _shm.Segment.attach = attach_then_die  # type: ignore[method-assign]
+    if fault in ("attack-before-seal", "attack-after-seal", "kill-while-writing") and rank == 0:
+        _pause_leader(fault)
     if fault in FILE_ATTACKS and rank == 0:
         write = _file.write
 
@@ -166,6 +179,35 @@ def inject(fault: str, rank: int) -> None:
             FILE_ATTACKS[fault](final)
 
         _file.write = write_then_damage  # type: ignore[assignment]
+
+
+def meet(mine: str, theirs: str, timeout: float = 60.0) -> None:
+    """Write marker ``mine`` (this pid) in MEET, then wait for ``theirs`` (bounded: a lost attacker fails the test)."""
+    (Path(MEET) / mine).write_text(str(os.getpid()))
+    deadline = time.monotonic() + timeout
+    while not (Path(MEET) / theirs).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {theirs} in {MEET} after {timeout} s")
+        time.sleep(0.01)
+
+
+def _pause_leader(fault: str) -> None:
+    """Stop src between its first write and the seal, or right after the seal, until the attacker has acted."""
+    seg_write, seg_seal = _shm.Segment.write, _shm.Segment.seal
+    first = [True]
+
+    def write(self: Any, offset: int, data: torch.Tensor) -> None:
+        seg_write(self, offset, data)
+        if first[0] and fault in ("attack-before-seal", "kill-while-writing"):
+            first[0] = False
+            meet("writing", "go")
+
+    def seal(self: Any) -> None:
+        seg_seal(self)
+        if fault == "attack-after-seal":
+            meet("sealed", "go")
+
+    _shm.Segment.write, _shm.Segment.seal = write, seal  # type: ignore[method-assign]
 
 
 def _truncate(final: str) -> None:
@@ -213,6 +255,8 @@ def main() -> None:
     logger.setLevel(logging.DEBUG)
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
     rank = dist.get_rank()
+    if MEET:
+        (Path(MEET) / f"pid-{rank}").write_text(str(os.getpid()))
     inject(os.environ.get("DISTINIT_TEST_FAULT", ""), rank)
     result = scenario(sys.argv[1], rank, events)
     result["segments_after"] = segments()
