@@ -25,7 +25,8 @@ EventName = Literal[
     "watchdog.verdict",
     "watchdog.exited_armed",
 ]
-Outcome = Literal["killed", "exited", "unkillable", "released"]
+#: ``refused``: the FileTimer drop-in did not signal the pid (reused, protected, or not this user's process).
+Outcome = Literal["killed", "exited", "unkillable", "released", "refused"]
 #: In a group of workers that expired together: the one(s) running their own code, or those waiting on them.
 Role = Literal["culprit", "victim"]
 
@@ -117,11 +118,11 @@ def describe(ev: WatchdogEvent) -> str:
         return ev.detail
     if ev.event == "watchdog.expired":
         stack = f"; stack in {ev.stack_file}" if ev.stack else "; no stack captured"
+        armed = "" if ev.after_s is None else f"armed for {ev.after_s:.3f} s, "
+        dead = "" if ev.dead_after_s is None else f" {ev.dead_after_s:.3f} s after the deadline"
         return (
-            f"watchdog: {who} overran scope {ev.scope!r} (armed for {ev.after_s or 0:.3f} s, noticed "
-            f"{ev.overshoot_s or 0:.3f} s late); sent {', '.join(ev.signals) or 'nothing'}; "
-            f"outcome {ev.outcome} {ev.dead_after_s or 0:.3f} s after the deadline{stack}. "
-            f"{ev.detail}".rstrip()
+            f"watchdog: {who} overran scope {ev.scope!r} ({armed}noticed {ev.overshoot_s or 0:.3f} s late); "
+            f"sent {', '.join(ev.signals) or 'nothing'}; outcome {ev.outcome}{dead}{stack}. {ev.detail}".rstrip()
         )
     if ev.event == "watchdog.exited_armed":
         return f"watchdog: {who} exited while armed in scope {ev.scope!r}; forgotten (not killed). {ev.detail}"

@@ -38,7 +38,7 @@ from distinit.errors import WatchdogError
 from distinit.watchdog import _dump
 from distinit.watchdog._events import EventSink, Outcome, WatchdogEvent
 from distinit.watchdog._ladder import signal_name
-from distinit.watchdog._proc import ProcessRef, owner_uid, state
+from distinit.watchdog._proc import ProcessRef, owner_uid, start_time, state
 from distinit.watchdog._timer_client import DUMP_SIGNAL, MAX_LINE_BYTES, FileTimerRequest, stack_path
 
 logger = logging.getLogger("distinit.watchdog")
@@ -455,7 +455,7 @@ class FileTimerServer:
         if dump is not None:
             path, offset, since = dump
             stack = _dump.collect(path, offset, max(0.0, self._dump_timeout - (time.monotonic() - since)))
-        outcome: Outcome = "exited"
+        outcome: Outcome = "refused"
         signals: list[str] = []
         detail = ""
         if ref is None:
@@ -465,16 +465,20 @@ class FileTimerServer:
                 "process group are never signalled)"
             )
         elif not ref.matches():
-            detail = (
-                f"pid {worker_pid} was not signalled: the process that acquired the timer is gone "
-                "(exited, or its pid now names another process)"
-            )
+            now_start = start_time(worker_pid)
+            if now_start is None or now_start == ref.start:
+                outcome, detail = "exited", "the worker exited before its timer expired"
+            else:
+                detail = (
+                    f"pid {worker_pid} was not signalled: the process that acquired the timer (start time "
+                    f"{ref.start}) is gone and its pid now names another process (start time {now_start})"
+                )
         elif ref.send(signal):
             outcome, signals = "killed", [signal_name(signal)]
             self._signalled[worker_pid] = True
-            detail = f"sent the requested {signal_name(signal)}"
+            detail = f"sent the requested {signal_name(signal)} (its effect is not waited for, as torch)"
         else:
-            detail = "the worker exited before the signal"
+            outcome, detail = "exited", "the worker exited before the signal"
         self._sink.emit(
             WatchdogEvent(
                 event="watchdog.expired",

@@ -1,0 +1,272 @@
+"""Unchanged torch ``FileTimerClient`` workers (real processes) served by distinit's ``FileTimerServer``.
+
+A hung worker dies of its own signal (after a stack dump when its client installed the handler), an expiry is
+noticed at its deadline, a reused pid is never signalled, hostile FIFO writes never stop the server, and
+under torchrun the daemon takes the agent's place as the job's FileTimer server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from wd_helpers import Workers, expired_for, read_events, read_json_line, torchrun_path, wait_for
+
+from distinit.watchdog.elastic import FileTimerServer
+
+FT_WORKER = str(Path(__file__).with_name("ft_worker.py"))
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+# Much longer than any deadline below: an expiry noticed only at the end of an interval would show.
+MAX_INTERVAL = 5.0
+TORCHRUN_TAIL = ("--monitor-interval", "0.1", FT_WORKER, "torch", "-", "1.0")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def spawn(workers: Workers, kind: str, fifo: str, after: float, *extra: str) -> subprocess.Popen[str]:
+    if kind == "torch":
+        pytest.importorskip("torch.distributed.elastic.timer")
+    return workers.track(
+        subprocess.Popen(
+            [sys.executable, FT_WORKER, kind, fifo, str(after), *extra],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    )
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> str:
+    return str(tmp_path / "timer.fifo")
+
+
+@pytest.fixture
+def server(fifo: str, events_file: Path) -> Iterator[FileTimerServer]:
+    srv = FileTimerServer(fifo, "job", max_interval=MAX_INTERVAL, events=str(events_file))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("kind", ["torch", "distinit"])
+def test_a_hung_worker_dies_of_its_signal_at_its_deadline(
+    server: FileTimerServer, workers: Workers, fifo: str, events_file: Path, kind: str
+) -> None:
+    worker = spawn(workers, kind, fifo, 0.5)
+    assert read_json_line(worker, 90)["ready"]
+    assert worker.wait(30) == -signal.SIGKILL  # torch's default signal: exit status -9
+    event = wait_for(expired_for(events_file, worker.pid), 10, "the expired event")
+    assert (event["outcome"], event["signals"], event["scope"]) == ("killed", ["SIGKILL"], "step-attempt0")
+    assert event["overshoot_s"] < MAX_INTERVAL / 2  # noticed at the deadline, not at the interval's end
+    if kind == "distinit":  # the drop-in client installs the dump handler: the stack comes first
+        assert 'ft_worker.py", line' in event["stack"]
+    else:  # an unchanged torch client has no handler: the dump signal would kill it, so none is sent
+        assert event["stack"] is None
+    assert server._watchdog_thread is not None and server._watchdog_thread.is_alive()
+
+
+def test_the_requested_signal_is_the_one_sent(server: FileTimerServer, workers: Workers, fifo: str) -> None:
+    worker = spawn(workers, "torch", fifo, 0.5, str(int(signal.SIGTERM)))
+    assert read_json_line(worker, 90)["ready"]
+    assert worker.wait(30) == -signal.SIGTERM
+
+
+def _serve_behind_a_shell(workers: Workers, tmp_path: Path, fifo: str, events: Path) -> tuple[int, int]:
+    """``distinit watchdog serve --torch-fifo`` as the child of a shell: (daemon pid, its parent's pid).
+
+    The daemon's parent is the shell, not this test process, so a failure to protect "the parent" could
+    never kill pytest.
+    """
+    cmd = (
+        f"{sys.executable} -m distinit.cli watchdog serve --path {tmp_path / 'wd'} --grace 0 "
+        f"--events {events} --torch-fifo {fifo} & echo $!; wait"
+    )
+    shell = workers.track(subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.PIPE, text=True))
+    assert shell.stdout is not None
+    daemon = int(shell.stdout.readline())
+    wait_for(lambda: os.path.exists(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode), 30, "the daemon's FIFO")
+    return daemon, shell.pid
+
+
+def test_hostile_fifo_writes_never_stop_the_daemon_nor_kill_what_they_name(
+    workers: Workers, tmp_path: Path, fifo: str, events_file: Path
+) -> None:
+    daemon, shell = _serve_behind_a_shell(workers, tmp_path, fifo, events_file)
+    # A process group of its own (never this test's: a kill(-pgid) gone wrong must not reach pytest). pid 0
+    # and -1 (the caller's group, every process of the user) are refused by the same rule (pid > 0), which
+    # tests/unit/watchdog/test_file_timer_requests.py checks without risking the machine.
+    grouped = workers.track(subprocess.Popen(["sleep", "60"], start_new_session=True))
+    try:
+        past = time.time() - 1
+
+        def forged(pid: object, **over: object) -> bytes:
+            doc = {"version": 1, "pid": pid, "scope_id": "forged", "expiration_time": past, "signal": 9, **over}
+            return json.dumps(doc).encode() + b"\n"
+
+        hostile = [
+            b"not json\n",
+            b"[" * 4000 + b"\n",  # nesting: a RecursionError in a naive reader
+            b"x" * 20000 + b"\n",  # longer than PIPE_BUF
+            b'"a string"\n',
+            b"\xff\xfe\x00\n",
+            b'{"version": 1, "pid": 5, "scope_id": "s", "expiration_time": NaN, "signal": 9}\n',
+            forged("12"),
+            forged(True),
+            forged(daemon, signal=999),
+            forged(daemon, version=2),
+            forged(daemon, scope_id={"a": 1}),
+            forged(daemon, scope_id="\u00e9\n\x00" * 50),  # kept, escaped to ASCII
+            forged(daemon),  # the server's own process
+            forged(shell),  # its parent
+            forged(1),
+            forged(-grouped.pid),  # a process group: kill(-pgid) would signal all of it
+        ]
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            for line in hostile:
+                os.write(fd, line)
+        finally:
+            os.close(fd)
+        worker = spawn(workers, "torch", fifo, 0.5)  # an honest torch client is still served
+        assert read_json_line(worker, 90)["ready"]
+        assert worker.wait(30) == -signal.SIGKILL
+        wait_for(expired_for(events_file, worker.pid), 10, "the honest worker's expired event")
+        for pid in (daemon, shell):
+            os.kill(pid, 0)  # both alive: raises ProcessLookupError otherwise
+        assert grouped.poll() is None
+        refused = {e["pid"]: e for e in read_events(events_file) if e.get("outcome") == "refused"}
+        assert {daemon, shell, 1, -grouped.pid} <= set(refused)
+        assert all(e["signals"] == [] for e in refused.values())
+        assert "\\xe9\\n\\x00" in refused[daemon]["scope"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGTERM)
+    shell_proc = next(p for p in workers.procs if p.pid == shell)
+    assert shell_proc.wait(30) == 0  # the daemon stopped cleanly on SIGTERM (status 0), so its shell did
+
+
+# Runs as pid 1 of a pid namespace of its own, so forcing a pid through ns_last_pid races with nothing
+# else. An unchanged torch client acquires a 3 s timer and is SIGKILLed; `sleep` is started with its pid;
+# the server must not signal the bystander when the dead worker's timer expires.
+PID_REUSE = """
+import json, os, signal, subprocess, sys, time
+from distinit.watchdog.elastic import FileTimerServer
+
+fifo, events, worker_script = sys.argv[1], sys.argv[2], sys.argv[3]
+server = FileTimerServer(fifo, "reuse", max_interval=1.0, events=events)
+server.start()
+worker = subprocess.Popen([sys.executable, worker_script, "torch", fifo, "3"], stdout=subprocess.PIPE, text=True)
+json.loads(worker.stdout.readline())
+deadline = time.time() + 3
+time.sleep(0.2)  # the server reads the acquire line within its poll (a few ms)
+os.kill(worker.pid, signal.SIGKILL)
+worker.wait()
+bystander = None
+for _ in range(50):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+        fh.write(str(worker.pid - 1))
+    proc = subprocess.Popen(["sleep", "60"])
+    if proc.pid == worker.pid:
+        bystander = proc
+        break
+    proc.kill()
+    proc.wait()
+while time.time() < deadline + 1.5:
+    time.sleep(0.1)
+server.stop()
+alive = bystander is not None and bystander.poll() is None
+print(json.dumps({"worker": worker.pid, "bystander": bystander and bystander.pid, "alive": alive}))
+if bystander is not None:
+    bystander.kill()
+"""
+
+
+def _own_pid_namespace_works() -> str | None:
+    if os.geteuid() != 0:
+        return "forcing pid reuse needs root (a pid namespace and a writable ns_last_pid)"
+    if shutil.which("unshare") is None:
+        return "needs unshare(1) from util-linux"
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        return f"unshare --pid failed here: {probe.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
+    reason = _own_pid_namespace_works()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("torch.distributed.elastic.timer")
+    script = tmp_path / "pid_reuse.py"
+    script.write_text(PID_REUSE)
+    events = tmp_path / "events.jsonl"
+    out = subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            str(script),
+            *(str(tmp_path / "fifo"),),
+            str(events),
+            FT_WORKER,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    if report["bystander"] is None:
+        pytest.skip(f"could not recycle pid {report['worker']}: other processes took it first")
+    assert report["alive"], "the server signalled a process that merely reused a worker's pid"
+    expired = [e for e in read_events(events) if e["event"] == "watchdog.expired"]
+    assert [(e["pid"], e["outcome"], e["signals"]) for e in expired] == [(report["worker"], "refused", [])]
+    assert "now names another process" in expired[0]["detail"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(torchrun_path() is None, reason="torchrun is not installed beside this interpreter")
+def test_under_torchrun_the_daemon_takes_the_agents_place(
+    workers: Workers, tmp_path: Path, fifo: str, events_file: Path
+) -> None:
+    # TORCHELASTIC_TIMER_FILE is exported and TORCHELASTIC_ENABLE_FILE_TIMER is not: the agent starts no
+    # FileTimerServer of its own (with it set, the agent would replace the FIFO with its own server), and the
+    # workers' unchanged code reads the path and talks to the daemon. Restart 0 hangs and dies of SIGKILL;
+    # the agent survives (torch's server would have SIGKILLed it, its host) and restart 1 completes.
+    pytest.importorskip("torch.distributed.elastic.timer")
+    daemon, _ = _serve_behind_a_shell(workers, tmp_path, fifo, events_file)
+    torchrun = torchrun_path()
+    assert torchrun is not None
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_ENABLE_FILE_TIMER"}
+    try:
+        run = subprocess.run(
+            [torchrun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1", *TORCHRUN_TAIL],
+            env={**env, "TORCHELASTIC_TIMER_FILE": fifo, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        attempts = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+        assert [a["attempt"] for a in attempts] == [0, 1]
+        expired = [e for e in read_events(events_file) if e["event"] == "watchdog.expired"]
+        assert [(e["pid"], e["scope"], e["outcome"]) for e in expired] == [
+            (attempts[0]["pid"], "step-attempt0", "killed")
+        ]
+        os.kill(daemon, 0)  # the daemon survived too
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGTERM)
