@@ -1,10 +1,18 @@
-"""The ``shm`` check: /dev/shm size and free space, and segments left behind by processes that are gone."""
+"""The ``shm`` check: /dev/shm size and free space, and segments left behind by processes that are gone.
+
+distinit's own broadcast entries (``distinit-bc-*``, and the file transport's ``.distinit-bc-*.tmp``) carry
+their creator's pid and start time (:mod:`distinit.broadcast._creator`): one whose creator is provably gone,
+that no process holds open or mapped, owned by this user, is removed by the check (and reported); every
+other stale entry is only reported, with the command that removes it.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 
+from distinit.broadcast import _creator
 from distinit.doctor._model import Check
 
 SHM = "/dev/shm"
@@ -12,7 +20,7 @@ SHM = "/dev/shm"
 NCCL_SEGMENT_BYTES = 9_637_888
 #: ``ds_report``'s threshold: below it, large NCCL/DataLoader jobs run out.
 WARN_BYTES = 512 * 1024 * 1024
-_PREFIXES = ("nccl-", "torch_", "distinit-watchdog-")
+_PREFIXES = ("nccl-", "torch_", "distinit-watchdog-", _creator.PREFIX, "." + _creator.PREFIX)
 _TORCH_PID = re.compile(r"^torch_(\d+)_")
 _MiB = 1024 * 1024
 
@@ -50,9 +58,33 @@ def stale_files(shm: str = SHM) -> list[str]:
         match = _TORCH_PID.match(name)
         if match and os.path.exists(f"/proc/{match.group(1)}"):  # its creator still runs
             continue
+        made_by = _creator.creator(name) if _creator.PREFIX in name else None
+        if made_by and not _creator.gone(*made_by):  # a distinit broadcast still running
+            continue
         if path not in used:
             stale.append(name)
     return stale
+
+
+def remove_orphans(shm: str, stale: list[str]) -> list[str]:
+    """Remove the ``distinit-bc-*`` entries of ``stale`` whose creator (pid + start time in the name) is gone.
+
+    Only regular files owned by this user are removed, never followed through a link; an entry without a
+    creator tag (an older distinit's) is left for the user. Returns the names removed.
+    """
+    removed = []
+    for name in stale:
+        if _creator.PREFIX not in name or _creator.creator(name) is None:
+            continue
+        path = os.path.join(shm, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                os.unlink(path)
+                removed.append(name)
+        except OSError:  # gone already, or not ours to remove
+            continue
+    return removed
 
 
 def check_shm(*, local_world_size: int, shm: str = SHM) -> Check:
@@ -69,8 +101,13 @@ def check_shm(*, local_world_size: int, shm: str = SHM) -> Check:
     size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
     need = NCCL_SEGMENT_BYTES * local_world_size
     stale = stale_files(shm)
-    evidence = {"path": shm, "size_bytes": size, "free_bytes": free, "need_bytes": need, "stale": stale[:50]}
+    removed = remove_orphans(shm, stale)
+    stale = [name for name in stale if name not in removed]
+    evidence = {"path": shm, "size_bytes": size, "free_bytes": free, "need_bytes": need, "stale": stale[:50],
+                "removed": removed[:50]}  # fmt: skip
     text = f"{shm}: {size / _MiB:.0f} MiB, {free / _MiB:.0f} MiB free for {local_world_size} local ranks"
+    if removed:
+        text += f"; removed {len(removed)} distinit broadcast segment(s) of processes that are gone"
     if free < need:
         return Check(
             id="shm",
