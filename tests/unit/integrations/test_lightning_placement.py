@@ -197,3 +197,14 @@ def test_master_port_out_of_range_names_the_tcp_range(port: str) -> None:
     with pytest.raises(MalformedEnvError) as caught:
         DistinitEnvironment({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": port})
     assert "(1-65535)" in str(caught.value) and "2147483647" not in str(caught.value)
+
+
+def test_fabric_launch_refuses_before_any_group_forms() -> None:
+    from lightning.fabric import Fabric
+
+    task = tasks("slurm-cyclic")[1]
+    env = DistinitEnvironment(task)
+    fabric = Fabric(accelerator="cpu", devices=3, num_nodes=2, strategy="ddp", plugins=[env])
+    assert (fabric.global_rank, fabric.local_rank, fabric.node_rank) == (1, 0, 1)  # the launcher's, round robin
+    with pytest.raises(ConflictingEnvError, match="srun -N2 --ntasks-per-node=3"):
+        fabric.launch()  # validate_settings runs first; a group would need the other tasks
