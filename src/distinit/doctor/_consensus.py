@@ -89,13 +89,36 @@ def differences(per_rank: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any
     return found
 
 
+def _set_per_host(
+    found: list[dict[str, Any]], per_rank: Mapping[int, Mapping[str, Any]], *, host_of: Mapping[int, str]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """``found`` without the ``*_SOCKET_IFNAME`` variables that are set per host (one value on each host).
+
+    Interface names differ between machines (``eth0`` here, ``ens5`` there): a value that is the same for
+    every rank of a host is the user's per-host choice, not a disagreement. Returns the rest, and the
+    per-host values (evidence).
+    """
+    kept, per_host = [], {}
+    for diff in found:
+        name = diff["item"]
+        if name.endswith(PER_HOST_SUFFIXES):
+            by_host: dict[str, set[str]] = {}
+            for rank, facts in per_rank.items():
+                by_host.setdefault(host_of.get(rank, "?"), set()).add(str(facts["variables"].get(name, UNSET)))
+            if "?" not in by_host and all(len(values) == 1 for values in by_host.values()):
+                per_host[name] = {host: next(iter(values)) for host, values in sorted(by_host.items())}
+                continue
+        kept.append(diff)
+    return kept, per_host
+
+
 def consensus(per_rank: Mapping[int, Mapping[str, Any]], *, host_of: Mapping[int, str]) -> Check:
     """The ``consensus`` check; the minority of every disagreement is named by rank, host and value."""
-    found = differences(per_rank)
+    found, per_host = _set_per_host(differences(per_rank), per_rank, host_of=host_of)
     digests: dict[str, list[int]] = {}
     for rank, facts in sorted(per_rank.items()):
         digests.setdefault(str(facts["digest"]), []).append(rank)
-    evidence: dict[str, Any] = {"differences": found, "variable_digests": digests}
+    evidence: dict[str, Any] = {"differences": found, "variable_digests": digests, "per_host": per_host}
     if not found:
         return Check(
             id="consensus",

@@ -101,6 +101,15 @@ def test_consensus_tie_goes_to_rank_zero_and_interface_names_only_warn() -> None
     assert consensus({0: FACTS, 1: FACTS}, host_of={}).status == "pass"
 
 
+def test_an_interface_set_per_host_is_no_disagreement() -> None:
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    per_host = {r: facts(GLOO_SOCKET_IFNAME="eth0" if r < 2 else "ens5") for r in range(4)}
+    check = consensus(per_host, host_of=hosts)
+    assert check.status == "pass" and check.evidence["per_host"] == {"GLOO_SOCKET_IFNAME": {"a": "eth0", "b": "ens5"}}
+    mixed = {**per_host, 1: facts(GLOO_SOCKET_IFNAME="ens5")}  # two values on host a: worth a warning
+    assert consensus(mixed, host_of=hosts).status == "warn"
+
+
 def test_merge_local_keeps_the_worst_and_names_its_ranks() -> None:
     ok = Check(id="shm", status="pass", summary="fine").model_dump(mode="json")
     bad = Check(id="shm", status="fail", summary="1 MiB", fix="enlarge").model_dump(mode="json")
