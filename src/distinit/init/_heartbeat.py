@@ -74,11 +74,22 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         #: Rank 0's claim (``host|pid|nonce``) once a non-zero rank watches it.
         self.host_claim: str | None = None
+        #: Monotonic time of this rank's last written beat: a long gap since means this process was frozen.
+        self.last_beat = time.monotonic()
 
     def beat(self) -> None:
         """Write one beat now (the first one is written before the rank counts as joined)."""
         self._seq += 1
         self.store.set(f"{self.prefix}beat/{self.rank}", f"{self._seq}|{time.time():.3f}")
+        self.last_beat = time.monotonic()
+
+    def frozen_for(self) -> float | None:
+        """Seconds since this rank last beat, if longer than the loss bound; else None.
+
+        Such a rank was frozen (SIGSTOP, a thread holding the GIL, swapped out): its watchers declared it lost.
+        """
+        gap = time.monotonic() - self.last_beat
+        return gap if gap > self._stale else None
 
     def start(self) -> None:
         """Start the thread (after the first :meth:`beat`)."""
@@ -95,6 +106,9 @@ class Heartbeat:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self._beat_every):
+                if time.monotonic() - self.last_beat > self._stale / 2:
+                    # This process did not run for a while: what it did not see is no sign of the others.
+                    self._seen.clear()
                 self.beat()
                 silent = self._watch()
                 if silent is not None and not self._stop.is_set():

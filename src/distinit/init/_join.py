@@ -35,7 +35,7 @@ from typing import NoReturn
 import torch.distributed as dist
 from torch.distributed import Store
 
-from distinit.errors import RankLostError, RendezvousError
+from distinit.errors import RendezvousError, WorldSizeMismatchError
 from distinit.init import _messages
 from distinit.init._attempt import AttemptFailed
 from distinit.init._heartbeat import Heartbeat, Silent, follow_arrivals
@@ -109,6 +109,7 @@ class JoinProtocol:
         deadline: float = 0.0,
         resumed: bool = False,
         launched: tuple[int, str] | None = None,
+        loss_bound: float | None = None,
     ) -> None:
         self.store = store
         self.namespace = namespace
@@ -127,7 +128,7 @@ class JoinProtocol:
         # The launcher's own process count (see _launched), and (missing count, since when) for the hint.
         self.launched = launched
         self._arrivals: tuple[int, float] | None = None
-        self.pace = Pace.for_world(world_size)
+        self.pace = Pace.for_world(world_size, loss_bound=loss_bound)
         # Rank 0 only: the ranks that joined, in join order, and how many of them ``missing`` was published for.
         self._arrived: list[int] = []
         self._published: int | None = None
@@ -246,6 +247,10 @@ class JoinProtocol:
         """``host pid N`` of rank 0 once this rank's heartbeat watches it (names it if the store host dies)."""
         claim = self._heartbeat.host_claim if self._heartbeat is not None else None
         return Claimant.describe(claim) if claim else None
+
+    def frozen_for(self) -> float | None:
+        """How long this rank could not beat, if longer than the loss bound (see ``Heartbeat.frozen_for``)."""
+        return self._heartbeat.frozen_for() if self._heartbeat is not None else None
 
     @property
     def beating(self) -> bool:
@@ -393,7 +398,7 @@ class JoinProtocol:
         if state in (text, "ok"):
             # Ours is the verdict (or the world formed without this process): raise it here.
             self._saw(generation)
-            self._linger(generation)
+            self._linger(generation, unsure=isinstance(verdict, WorldSizeMismatchError))
             raise verdict
         raise self._read_verdict(generation, state)
 
@@ -416,8 +421,8 @@ class JoinProtocol:
         self.stop_beating()
         self._saw(generation)
         verdict = _messages.verdict_from_json(state, rank=self.rank)
-        # A lost rank never reads the verdict: do not wait for it.
-        self._linger(generation, absent=len(verdict.ranks) if isinstance(verdict, RankLostError) else 0)
+        # A lost rank may only be frozen: when it resumes within the linger, it reads the verdict about itself.
+        self._linger(generation, unsure=isinstance(verdict, WorldSizeMismatchError))
         return verdict
 
     def _saw(self, generation: int) -> None:
@@ -425,12 +430,12 @@ class JoinProtocol:
         with contextlib.suppress(dist.DistError):
             self.store.add(self._key(generation, "seen"), 1)
 
-    def _linger(self, generation: int, *, absent: int = 0) -> None:
+    def _linger(self, generation: int, *, absent: int = 0, unsure: bool = False) -> None:
         """On the store host: stay up until every rank learned the verdict, at most :data:`LINGER` s.
 
         Every rank, joined or not: a rank refused before it counted (a world-size mismatch, a duplicate) or
         one still connecting learns the verdict only while the store is up. ``absent`` ranks (lost) never
-        read it. When fewer processes came than ``world_size`` says (a mismatch: the host cannot know which
+        read it. When the world size itself is in doubt (``unsure``: a mismatch, the host cannot know which
         size is true), the host leaves once every joined rank knows and nobody new learned it for
         :data:`LINGER_QUIET` s.
         """
@@ -448,7 +453,7 @@ class JoinProtocol:
                 return
             if seen != last[0]:
                 last = (seen, now)
-            elif seen >= joined - absent and now - last[1] >= LINGER_QUIET:
+            elif unsure and seen >= joined - absent and now - last[1] >= LINGER_QUIET:
                 return
             time.sleep(0.05)
             now = time.monotonic()

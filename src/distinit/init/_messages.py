@@ -92,6 +92,26 @@ def rank_lost(
     )
 
 
+def frozen_self(
+    *, rank: int, claimant: str, frozen_for: float, stale: float, master: str, generation: int
+) -> RankLostError:
+    """This rank (``claimant``) did not run for ``frozen_for`` s, longer than the ``stale`` s loss bound."""
+    return RankLostError(
+        f"rank {rank} ({claimant}, this process) was frozen for {frozen_for:.1f} s during rendezvous {master} "
+        f"(generation {generation}), longer than the {stale:.0f} s loss bound: the other ranks declared it lost "
+        "and the store host has gone. Not retried: the world cannot form without it.",
+        rank=rank,
+        why=f"the process of rank {rank} did not run (SIGSTOP, a thread holding the GIL, swapped out, a host "
+        "under heavy load) while it waited for the others.",
+        fix="start the job again; keep start-up work that holds the GIL (loading a checkpoint in a thread) until "
+        "after setup() returns, or raise the loss bound with DISTINIT_LOSS_BOUND=<seconds>.",
+        master=master,
+        generation=generation,
+        ranks=(rank,),
+        claimants=(claimant,),
+    )
+
+
 def another_job(*, master: str, holder: str, holder_rank: int, world_size: int, rank: int) -> PortInUseError:
     """This rank met a world that formed before it came: another job's store on the same port."""
     port = master.rpartition(":")[2]

@@ -17,11 +17,20 @@ within ``stale + beat`` = 6 s. ``stale`` is five beats rather than five seconds 
 starved for a few beats (thousands of simulated ranks on a few cores, a host under load) is not declared lost:
 what counts is missed beats, not wall time. The price at 10k ranks: a join completes for everyone up to 2.5 s
 after the last arrival and a lost rank is named after about 60 s.
+
+The loss bound is also the freeze policy: a joined rank that does not run for longer than ``stale`` (SIGSTOP, a
+thread holding the GIL, swap) is declared lost, and when it resumes it raises that verdict about itself. A job
+that expects longer pauses during start-up raises the bound with ``DISTINIT_LOSS_BOUND=<seconds>`` (never
+below the scaled ``stale``; read by every rank, so set it for the whole job).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from distinit.errors import MalformedEnvError
 
 #: World size up to which the base intervals hold; above it, intervals grow in proportion.
 SCALE_RANKS = 1000
@@ -52,8 +61,8 @@ class Pace:
     stale: float
 
     @classmethod
-    def for_world(cls, world_size: int) -> Pace:
-        """The intervals for a world of ``world_size`` ranks.
+    def for_world(cls, world_size: int, *, loss_bound: float | None = None) -> Pace:
+        """The intervals for a world of ``world_size`` ranks (``loss_bound``: a longer ``stale``, if given).
 
         Raises:
             ValueError: ``world_size`` is below 1.
@@ -62,7 +71,7 @@ class Pace:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         scale = load_scale(world_size)
         beat = BEAT * scale
-        return cls(poll=POLL * scale, beat=beat, stale=max(STALE, STALE_BEATS * beat))
+        return cls(poll=POLL * scale, beat=beat, stale=max(STALE, STALE_BEATS * beat, loss_bound or 0.0))
 
     def pauses(self) -> PauseSchedule:
         """A fresh schedule of pauses between polls, growing to :attr:`poll`."""
@@ -85,3 +94,30 @@ class PauseSchedule:
         pause = self._next
         self._next = min(pause * GROWTH, self.longest)
         return pause
+
+
+#: The variable that raises the loss bound (seconds).
+LOSS_BOUND_VARIABLE = "DISTINIT_LOSS_BOUND"
+
+
+def loss_bound(environ: Mapping[str, str]) -> float | None:
+    """``DISTINIT_LOSS_BOUND`` in seconds, if set.
+
+    Raises:
+        MalformedEnvError: the value is not a positive finite number of seconds.
+    """
+    text = environ.get(LOSS_BOUND_VARIABLE)
+    if text is None or not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise MalformedEnvError(
+            f"{LOSS_BOUND_VARIABLE}={text!r} is not a positive number of seconds.",
+            variables=(LOSS_BOUND_VARIABLE,),
+            fix=f"set {LOSS_BOUND_VARIABLE} to the longest pause a joined rank may take, in seconds (e.g. 30), "
+            "or unset it.",
+        )
+    return value

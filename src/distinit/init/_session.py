@@ -36,6 +36,7 @@ from distinit.init._host_lost import host_gone
 from distinit.init._init_verdict import InitWatch
 from distinit.init._join import JoinProtocol, wait_for_key
 from distinit.init._launched import launched
+from distinit.init._pace import loss_bound
 from distinit.init._records import AttemptLog
 from distinit.init._report import Phase
 from distinit.init._retry import retry_until
@@ -86,6 +87,7 @@ class Rendezvous:
         self.hosting = self.rank == 0 and not self.agent
         job = env.job_id or environ.get("TORCHELASTIC_RUN_ID") or "job"
         self.launched = launched(environ)
+        self.loss_bound = loss_bound(environ)
         number, self.resumed = Calls.take()
         self.namespace = f"distinit/{job}/{env.restart_count}/c{number}/"
         self.rng = random.Random()
@@ -183,6 +185,7 @@ class Rendezvous:
             deadline=self.bounds.deadline,
             resumed=self.resumed,
             launched=self.launched,
+            loss_bound=self.loss_bound,
         )
 
     def _host_gone(self) -> RankLostError | None:
@@ -193,7 +196,19 @@ class Rendezvous:
         claimant = join.host_claimant
         if not join.beating or claimant is None:
             return None  # not waiting in an incomplete join with rank 0 in it: the attempts handle it
+        frozen = join.frozen_for()
         join.stop_beating()
+        if frozen is not None:
+            # This process did not run for longer than the loss bound: rank 0 declared it lost, published
+            # that verdict and left. The verdict is about this rank, never rank 0.
+            return _messages.frozen_self(
+                rank=self.rank,
+                claimant=join.me.describe(join.me.encode()),
+                frozen_for=frozen,
+                stale=join.pace.stale,
+                master=self.master.name,
+                generation=generation,
+            )
         return host_gone(
             self.master, claimant=claimant, generation=generation, end=self.deadline_at, sleep=self.handover.sleep
         )

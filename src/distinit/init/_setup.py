@@ -6,6 +6,7 @@ import atexit
 import functools
 import gc
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ from distinit.init._bounds import Bounds
 from distinit.init._flight import SingleFlight
 from distinit.init._handover import OVERRUN_GRACE
 from distinit.init._heartbeat import Liveness, peer_closed
-from distinit.init._pace import Pace
+from distinit.init._pace import Pace, loss_bound
 from distinit.init._report import InitReport
 
 logger = logging.getLogger("distinit.init")
@@ -154,7 +155,7 @@ def _watch(world_size: int) -> Liveness | None:
     default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
     if world_size < 2 or default_store is None or not dist.is_initialized():
         return None
-    pace = Pace.for_world(world_size)
+    pace = Pace.for_world(world_size, loss_bound=loss_bound(os.environ))
     liveness = Liveness(
         dist.PrefixStore("distinit", default_store()),
         rank=dist.get_rank(),

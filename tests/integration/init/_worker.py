@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,18 @@ def main() -> None:
             raise ValueError("boom in the join")
 
         _join.JoinProtocol.wait = raise_waiting  # type: ignore[method-assign]
+    if spec.get("hold_gil_after"):  # a thread that holds the GIL for hold_gil_s once the file appears
+
+        def hold_gil() -> None:
+            while not os.path.exists(spec["hold_gil_after"]):
+                time.sleep(0.02)
+            sys.setswitchinterval(60.0)  # no other thread runs until this one blocks or ends
+            end = time.monotonic() + float(spec["hold_gil_s"])
+            while time.monotonic() < end:
+                pass
+            sys.setswitchinterval(0.005)
+
+        threading.Thread(target=hold_gil, daemon=True).start()
     kwargs = dict(spec.get("kwargs", {}))
     if "backoff" in kwargs:
         kwargs["backoff"] = Backoff(**kwargs["backoff"])
