@@ -33,6 +33,10 @@ from torch.utils.data import DataLoader, TensorDataset
 import distinit
 from distinit.integrations.lightning import DistinitEnvironment
 
+#: No logger, checkpoint, progress bar or summary: only the JSON lines go to stdout.
+QUIET: dict[str, Any] = dict.fromkeys(
+    ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary"), False
+)
 #: Items in the training set: each rank's DistributedSampler shard is recorded, they must cover it exactly.
 ITEMS = 32
 
@@ -79,10 +83,7 @@ def fit(step: str, env: DistinitEnvironment, devices: int, num_nodes: int) -> No
             strategy=Recording(process_group_backend="gloo", timeout=timedelta(seconds=30)),
             plugins=[env],
             max_epochs=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **QUIET,
         )
         index = torch.arange(ITEMS)
         data = TensorDataset(index, torch.randn(ITEMS, 4), torch.randn(ITEMS, 1))

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ lightning = pytest.importorskip("lightning")
 
 from lightning.fabric import Fabric  # noqa: E402
 from lightning.fabric.plugins.environments import ClusterEnvironment  # noqa: E402
-from lightning.fabric.utilities.rank_zero import rank_zero_only  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
 
 from distinit.integrations.lightning import DistinitEnvironment  # noqa: E402
@@ -39,22 +37,7 @@ QUIET: dict[str, Any] = {
     "enable_progress_bar": False,
     "enable_model_summary": False,
 }
-#: Variables that would make Lightning (or the resolver reading os.environ) see a launcher.
-LAUNCHER_PREFIXES = ("OMPI_", "PMI", "MPI_", "SLURM_", "TORCHELASTIC_", "PALS_", "JSM_", "HOROVOD_", "MV2_")
-TORCH_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR")
-
-
-@pytest.fixture(autouse=True)
-def clean_environ() -> Iterator[None]:
-    """os.environ without launcher variables, and Lightning's rank-zero state, restored afterwards."""
-    saved, rank = dict(os.environ), rank_zero_only.rank
-    for name in list(os.environ):
-        if name.startswith(LAUNCHER_PREFIXES) or name in (*TORCH_NAMES, "MASTER_PORT"):
-            del os.environ[name]
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-    rank_zero_only.rank = rank
+pytestmark = pytest.mark.usefixtures("clean_environ")
 
 
 def trainer(env: DistinitEnvironment | None, *, devices: int = 2, num_nodes: int = 2) -> Trainer:

@@ -11,8 +11,6 @@ Also the argument checks of issue 23 item 11.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ from distinit.errors import ConflictingEnvError, DistinitError, IncompleteEnvErr
 
 pytest.importorskip("lightning")
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Trainer
 from torch.utils.data import DistributedSampler
 
@@ -39,28 +36,7 @@ QUIET: dict[str, Any] = {
 #: The launcher's own rank and local rank variables, per family (ground truth the test reads directly).
 RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
 LOCAL_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK")
-
-
-@pytest.fixture(autouse=True)
-def clean_environ() -> Iterator[None]:
-    """os.environ without launcher variables (Lightning must not detect this pytest as a launch)."""
-    saved, rank = dict(os.environ), rank_zero_only.rank
-    for name in list(os.environ):
-        if name.startswith(("OMPI_", "PMI", "MPI_", "SLURM_", "TORCHELASTIC_", "PALS_", "MV2_")) or name in (
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "NODE_RANK",
-            "GROUP_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-        ):
-            del os.environ[name]
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-    rank_zero_only.rank = rank
+pytestmark = pytest.mark.usefixtures("clean_environ")
 
 
 def tasks(name: str) -> list[dict[str, str]]:
