@@ -1,7 +1,8 @@
 """The ``shm`` check: /dev/shm size and free space, and segments left behind by processes that are gone.
 
 distinit's own broadcast entries (``distinit-bc-*``, and the file transport's ``.distinit-bc-*.tmp``) carry
-their creator's pid and start time (:mod:`distinit.broadcast._creator`): one whose creator is provably gone,
+their creator's pid and start time (``-p<pid>s<start>``, see ``distinit.broadcast._creator``; the doctor reads
+the names and does not import broadcast): one whose creator is provably gone,
 that no process holds open or mapped, owned by this user, is removed by the check (and reported); every
 other stale entry is only reported, with the command that removes it.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 import stat
+from pathlib import Path
 
-from distinit.broadcast import _creator
 from distinit.doctor._model import Check
 
 SHM = "/dev/shm"
@@ -20,7 +21,10 @@ SHM = "/dev/shm"
 NCCL_SEGMENT_BYTES = 9_637_888
 #: ``ds_report``'s threshold: below it, large NCCL/DataLoader jobs run out.
 WARN_BYTES = 512 * 1024 * 1024
-_PREFIXES = ("nccl-", "torch_", "distinit-watchdog-", _creator.PREFIX, "." + _creator.PREFIX)
+_BROADCAST = "distinit-bc-"
+_PREFIXES = ("nccl-", "torch_", "distinit-watchdog-", _BROADCAST, "." + _BROADCAST)
+#: The creator tag of a distinit broadcast name: ``-p<pid>s<start time in clock ticks since boot>``.
+_CREATOR = re.compile(r"-p(\d+)s(\d+)(?:[-.]|$)")
 _TORCH_PID = re.compile(r"^torch_(\d+)_")
 _MiB = 1024 * 1024
 
@@ -58,12 +62,27 @@ def stale_files(shm: str = SHM) -> list[str]:
         match = _TORCH_PID.match(name)
         if match and os.path.exists(f"/proc/{match.group(1)}"):  # its creator still runs
             continue
-        made_by = _creator.creator(name) if _creator.PREFIX in name else None
-        if made_by and not _creator.gone(*made_by):  # a distinit broadcast still running
+        made_by = _creator(name)
+        if made_by and _alive(*made_by):  # a distinit broadcast still running
             continue
         if path not in used:
             stale.append(name)
     return stale
+
+
+def _creator(name: str) -> tuple[int, int] | None:
+    """The (pid, start time) a distinit broadcast name carries; None for any other name, or an untagged one."""
+    match = _CREATOR.search(name) if _BROADCAST in name else None
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _alive(pid: int, start: int) -> bool:
+    """Whether ``pid`` is still the process that started at ``start`` (``/proc/<pid>/stat`` field 22)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()
+    except OSError:
+        return False
+    return len(fields) > 19 and fields[19] == str(start).encode()
 
 
 def remove_orphans(shm: str, stale: list[str]) -> list[str]:
@@ -74,7 +93,7 @@ def remove_orphans(shm: str, stale: list[str]) -> list[str]:
     """
     removed = []
     for name in stale:
-        if _creator.PREFIX not in name or _creator.creator(name) is None:
+        if _creator(name) is None:
             continue
         path = os.path.join(shm, name)
         try:
