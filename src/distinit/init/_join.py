@@ -15,7 +15,10 @@ from clean keys (the generation is bumped through the store, first writer wins):
   new ``order/<n>`` entries since it last looked: O(N) keys over the whole join) and publishes this key when
   they change; every other rank reads this one key when it logs progress or names the missing ranks at the
   end of an attempt, so naming them costs the store O(N) reads in all, not O(N) per rank.
-* ``state`` -- ``ok`` or a verdict (JSON), first writer wins, so every rank raises the SAME verdict.
+* ``state`` -- ``ok`` or a verdict (JSON), first writer wins, so every rank raises the SAME verdict. A verdict
+  carries its writer's rank and the generation's token (a digest of the first ``world_size`` record, which
+  every entered rank read); a value without them is refused (logged, removed), never raised. The store is
+  unauthenticated (as torch's is): this stops garbage and stray writers, not a client that reads the token.
 * ``seen`` -- counter of ranks that know the verdict (its writer included), so the store host can linger just
   long enough.
 """
@@ -23,6 +26,7 @@ from clean keys (the generation is bumped through the store, first writer wins):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import os
@@ -132,6 +136,8 @@ class JoinProtocol:
         # Rank 0 only: the ranks that joined, in join order, and how many of them ``missing`` was published for.
         self._arrived: list[int] = []
         self._published: int | None = None
+        # generation -> its token (a digest of the first world-size record): verdicts carry it.
+        self._tokens: dict[int, str] = {}
 
     # keys -----------------------------------------------------------------------------------------
     def _key(self, generation: int, name: str) -> str:
@@ -168,7 +174,10 @@ class JoinProtocol:
             return
         state = self._get_now(self._key(generation, "state"))
         if state is not None and state != "ok":
-            raise self._read_verdict(generation, state)
+            if self._genuine(generation, state):
+                raise self._read_verdict(generation, state)
+            self._clear_forged(generation, state)
+            state = None
         formed = state == "ok"  # a world that formed before this process came: a conflict is another job's
         self._agree(generation, formed=formed)
         claim_key = self._key(generation, f"claim/{self.rank}")
@@ -204,6 +213,7 @@ class JoinProtocol:
         """Record this world size, or refuse another one recorded first."""
         mine = f"{self.world_size}|{self.rank}|{self.me.encode()}"
         recorded = _text(self.store.compare_set(self._key(generation, "world_size"), "", mine))
+        self._tokens[generation] = _digest(recorded)
         if recorded == mine:
             return
         size, first_rank, who = recorded.split("|", 2)
@@ -274,18 +284,17 @@ class JoinProtocol:
         """
         key = self._key(generation, "state")
         now = time.monotonic()
+        end = now + max(timeout, 0.0)
         if self._waiting_since is None:
             self._waiting_since = now
             self._next_progress = now + PROGRESS_FIRST
-        if not wait_for_key(
-            self.store,
-            key,
-            now + max(timeout, 0.0),
-            sleep=sleep,
-            tick=lambda: self._tick(generation),
-            poll=self.pace.poll,
-        ):
-            state = self._get_now(key)  # a last look: the last "ok" may have arrived as the wait ended
+        while True:
+            if wait_for_key(
+                self.store, key, end, sleep=sleep, tick=lambda: self._tick(generation), poll=self.pace.poll
+            ):
+                state: str | None = _text(self.store.get(key))
+            else:
+                state = self._get_now(key)  # a last look: the last "ok" may have arrived as the wait ended
             if state is None:
                 missing = tuple(self.missing(generation))
                 raise AttemptFailed(
@@ -294,8 +303,9 @@ class JoinProtocol:
                     f"missing ranks {_messages._ranks(missing)}",
                     missing_ranks=missing,
                 )
-        else:
-            state = _text(self.store.get(key))
+            if state == "ok" or self._genuine(generation, state):
+                break
+            self._clear_forged(generation, state)
         self.stop_beating()
         if state != "ok":
             raise self._read_verdict(generation, state)
@@ -392,9 +402,48 @@ class JoinProtocol:
             )
         self._publish(generation, verdict)
 
+    def _token(self, generation: int) -> str:
+        """``generation``'s token: a digest of its first world-size record (every entered rank read it)."""
+        token = self._tokens.get(generation)
+        if token is None:
+            recorded = self._get_now(self._key(generation, "world_size"))
+            if recorded is None:
+                return ""  # nobody agreed on a world size yet: no verdict can exist
+            token = self._tokens[generation] = _digest(recorded)
+        return token
+
+    def _genuine(self, generation: int, state: str) -> bool:
+        """Whether ``state`` is a verdict a rank of this group wrote (this generation's token, a valid writer)."""
+        return _messages.verdict_origin(state, token=self._token(generation), world_size=self.world_size)
+
+    def _clear_forged(self, generation: int, state: str) -> None:
+        """Refuse a state value no rank of this group wrote: log it, remove it, restore ``ok`` if complete."""
+        key = self._key(generation, "state")
+        logger.warning(
+            "rank %d: refused %r in the rendezvous state key %s: not a verdict of this group (no generation token "
+            "or writer rank); something other than this job's ranks writes to the store at %s",
+            self.rank,
+            state[:80],
+            key,
+            self.master,
+            extra={"distinit": {"event": "init.forged_state", "rank": self.rank, "generation": generation}},
+        )
+        self.store.delete_key(key)
+        if self.store.add(self._key(generation, "joined"), 0) >= self.world_size:
+            self.store.compare_set(key, "", "ok")
+
+    def _put_state(self, generation: int, text: str) -> str:
+        """Publish ``text`` as the state (first writer wins; a forged value is refused first): the state now."""
+        key = self._key(generation, "state")
+        state = _text(self.store.compare_set(key, "", text))
+        if state not in (text, "ok") and not self._genuine(generation, state):
+            self._clear_forged(generation, state)
+            state = _text(self.store.compare_set(key, "", text))
+        return state
+
     def _publish(self, generation: int, verdict: RendezvousError) -> NoReturn:
-        text = _messages.verdict_to_json(verdict)
-        state = _text(self.store.compare_set(self._key(generation, "state"), "", text))
+        text = _messages.verdict_to_json(verdict, writer=self.rank, token=self._token(generation))
+        state = self._put_state(generation, text)
         if state in (text, "ok"):
             # Ours is the verdict (or the world formed without this process): raise it here.
             self._saw(generation)
@@ -415,7 +464,7 @@ class JoinProtocol:
             local_rank=self.rank,
         )
         logger.debug("rank %d: %s", self.rank, verdict.what)
-        self.store.compare_set(self._key(generation, "state"), "", _messages.verdict_to_json(verdict))
+        self._put_state(generation, _messages.verdict_to_json(verdict, writer=self.rank, token=self._token(generation)))
 
     def _read_verdict(self, generation: int, state: str) -> RendezvousError:
         self.stop_beating()
@@ -511,6 +560,11 @@ def _log_count(join: JoinProtocol, generation: int, *, joined: int, waited: floa
             }
         },
     )
+
+
+def _digest(recorded: str) -> str:
+    """A generation token from its world-size record (``size|rank|host|pid|nonce`` of the first rank)."""
+    return hashlib.blake2b(recorded.encode(), digest_size=8).hexdigest()
 
 
 def _absent(arrived: Sequence[int], world_size: int) -> list[int]:

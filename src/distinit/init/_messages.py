@@ -440,8 +440,12 @@ def rendezvous_timeout(
     )
 
 
-def verdict_to_json(exc: RendezvousError) -> str:
-    """Serialise a collective verdict for the store (facts only, JSON)."""
+def verdict_to_json(exc: RendezvousError, *, writer: int | None = None, token: str | None = None) -> str:
+    """Serialise a collective verdict for the store (facts only, JSON).
+
+    With ``writer`` and ``token``, it carries the writing rank and the group's generation token, which
+    :func:`verdict_origin` checks on read.
+    """
     payload: dict[str, Any] = {
         "error": type(exc).__name__,
         "what": exc.what,
@@ -452,7 +456,31 @@ def verdict_to_json(exc: RendezvousError) -> str:
         "ranks": list(exc.ranks),
         "claimants": list(exc.claimants),
     }
+    if writer is not None and token is not None:
+        payload.update(writer=writer, token=token)
     return json.dumps(payload)
+
+
+def verdict_origin(text: str, *, token: str, world_size: int) -> bool:
+    """Whether ``text`` is a verdict written by a rank of this group.
+
+    That is JSON carrying this generation's ``token`` and a ``writer`` rank below ``world_size``. Never
+    raises: garbage is simply not a verdict.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    writer = data.get("writer")
+    return (
+        data.get("token") == token
+        and isinstance(writer, int)
+        and not isinstance(writer, bool)
+        and 0 <= writer < world_size
+        and isinstance(data.get("what"), str)
+    )
 
 
 def verdict_from_json(text: str, *, rank: int) -> RendezvousError:

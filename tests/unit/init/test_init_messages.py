@@ -16,6 +16,7 @@ from distinit.errors import (
     WorldSizeMismatchError,
 )
 from distinit.init import _messages
+from distinit.init._heartbeat import peer_closed
 
 
 def test_duplicate_rank_names_both_claimants() -> None:
@@ -144,3 +145,43 @@ def test_verdict_round_trip_is_identical() -> None:
 def test_hostile_verdicts_become_plain_rendezvous_errors(payload: str) -> None:
     exc = _messages.verdict_from_json(payload, rank=0)
     assert type(exc) is RendezvousError
+
+
+SIGNED = _messages.verdict_to_json(
+    _messages.rank_lost(
+        rank=1, claimant="h pid 2", silent_for=6.0, last_seen="00:00:01 UTC", master="h:1", generation=0, local_rank=0
+    ),
+    writer=0,
+    token="ab" * 8,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "genuine"),
+    [
+        pytest.param(SIGNED, True, id="signed-by-rank-0"),
+        pytest.param(SIGNED.replace('"token": "abab', '"token": "0000'), False, id="other-token"),
+        pytest.param(SIGNED.replace('"writer": 0', '"writer": 9'), False, id="writer-out-of-range"),
+        pytest.param(SIGNED.replace('"writer": 0', '"writer": true'), False, id="writer-bool"),
+        pytest.param('{"error": "RankLostError", "what": "forged"}', False, id="unsigned-json"),
+        pytest.param("[1, 2]", False, id="json-list"),
+        pytest.param("\x00garbage", False, id="garbage"),
+        pytest.param("ok", False, id="ok-is-no-verdict"),
+    ],
+)
+def test_verdict_origin(text: str, genuine: bool) -> None:
+    assert _messages.verdict_origin(text, token="ab" * 8, world_size=2) is genuine
+
+
+@pytest.mark.parametrize(
+    ("message", "closed"),
+    [
+        pytest.param("[pair.cc:553] Connection closed by peer [127.0.0.1]:7582. GLHF!", True, id="gloo-closed"),
+        pytest.param("Connection reset by peer", True, id="reset"),
+        pytest.param("NCCL error: remote process exited or there was a network error", True, id="nccl"),
+        pytest.param("Timed out waiting 1800000ms for recv operation", False, id="timeout"),
+    ],
+)
+def test_peer_closed(message: str, closed: bool) -> None:
+    assert peer_closed(RuntimeError(message)) is closed
+    assert peer_closed(ValueError(message)) is False
