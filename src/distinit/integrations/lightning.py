@@ -104,9 +104,8 @@ class DistinitEnvironment(_Base):
         _check_arguments(environ, env)
         if env is not None and environ is not None:
             raise ValueError("DistinitEnvironment: pass environ or env, not both")
-        variables = os.environ if environ is None else environ
-        self._env = env if env is not None else env_from_scheduler(variables)
-        self._layout = launcher_layout(self._env, variables)
+        self._env = env if env is not None else env_from_scheduler(environ)
+        self._layout = launcher_layout(self._env, os.environ if environ is None else environ)
 
     @property
     def env(self) -> DistEnv:
