@@ -7,7 +7,10 @@
 3. ``reach`` with simulated hosts: one listener per host on distinct loopback addresses (127.0.x.y), every
    host probing its plan concurrently (threads); 16..256 hosts for real, and the sampled plan at 1024 and
    4096 hosts (plan size and cost of computing it; 1024 also for real unless ``--quick``);
-4. ``nodes``: :func:`distinit._identity.group_ranks` on 4096 ranks over 512 hosts.
+4. ``nodes``: :func:`distinit._identity.group_ranks` on 4096 ranks over 512 hosts;
+5. ``--help`` (issue 27: <= 0.3 s, no torch imported): ``distinit --help``, ``distinit doctor --help`` and
+   ``distinit env --help`` in fresh interpreters, median of ``--help-repeats`` (>= 10) interleaved runs, beside
+   ``python -c "import torch"`` for scale.
 
 Usage: ``python benchmarks/bench_doctor.py [--repeats 3] [--quick] [--out DIR]``. Prints a table and
 writes ``DIR/doctor.{md,json}`` (default ``benchmarks/results``).
@@ -199,11 +202,43 @@ def nodes_at_scale(ranks: int = 4096, per_host: int = 8) -> float:
     return time.perf_counter() - started
 
 
+#: ``--help`` must answer within this many seconds (issue 27).
+HELP_TARGET_S = 0.3
+
+
+def help_times(repeats: int) -> dict[str, Any]:
+    """Median wall seconds of each ``--help`` in a fresh interpreter, and of ``import torch`` for scale."""
+    distinit = str(Path(sys.executable).with_name("distinit"))
+    commands = {
+        "distinit --help": [distinit, "--help"],
+        "distinit doctor --help": [distinit, "doctor", "--help"],
+        "distinit env --help": [distinit, "env", "--help"],
+        'python -c "import torch"': [sys.executable, "-c", "import torch"],
+    }
+    runs: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for name, argv in commands.items():  # interleaved, so load drifts hit all alike
+            started = time.perf_counter()
+            subprocess.run(argv, check=True, capture_output=True, timeout=120)
+            runs[name].append(time.perf_counter() - started)
+    medians = {name: statistics.median(v) for name, v in runs.items()}
+    helps = [v for name, v in medians.items() if name.startswith("distinit")]
+    return {
+        "repeats": repeats,
+        "median_s": medians,
+        "max_s": {name: max(v) for name, v in runs.items()},
+        "target_s": HELP_TARGET_S,
+        "met": max(helps) <= HELP_TARGET_S,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--help-repeats", type=int, default=10, help="fresh interpreters per --help (>= 10)")
+    parser.add_argument("--only-help", action="store_true", help="measure --help only (writes doctor_help.*)")
     parser.add_argument("--worker", choices=("bare", "doctor"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -213,6 +248,22 @@ def main() -> int:
     results: dict[str, Any] = {
         "machine": f"{platform.node()} {os.cpu_count()} cpus, python {platform.python_version()}"
     }
+    results["help"] = help_times(max(10, args.help_repeats))
+    help_lines = [
+        f"| {name} | {v * 1000:.0f} ms | {results['help']['max_s'][name] * 1000:.0f} ms |"
+        for name, v in results["help"]["median_s"].items()
+    ]
+    help_table = [
+        f"`--help` in a fresh interpreter, median of {results['help']['repeats']} (target <= "
+        f"{HELP_TARGET_S * 1000:.0f} ms: {'met' if results['help']['met'] else 'MISSED'}):",
+        "",
+        "| command | median | slowest |",
+        "|---|---|---|",
+        *help_lines,
+    ]
+    if args.only_help:
+        print("\n".join(help_table))
+        return 0 if results["help"]["met"] else 1
     results["local"] = local_checks(args.repeats * 10)
     pairs: dict[str, list[float]] = {"bare": [], "doctor": []}
     for _ in range(args.repeats):
@@ -243,6 +294,8 @@ def main() -> int:
         "| sampled plan, hosts | pairs | per host | plan computed in |",
         "|---|---|---|---|",
         *(f"| {r['hosts']} | {r['pairs']} | {r['per_host']} | {r['plan_s'] * 1000:.1f} ms |" for r in results["plan"]),
+        "",
+        *help_table,
     ]
     text = "\n".join(lines)
     print(text)
@@ -252,7 +305,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "doctor.md").write_text(text + "\n")
     (args.out / "doctor.json").write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    return 0 if results["help"]["met"] else 1
 
 
 if __name__ == "__main__":
