@@ -29,11 +29,11 @@ class Progress:
     def __call__(self, check: Check) -> None:
         heading = "local checks of this rank" if self.lines == 0 else None
         if check.id == "world":
-            heading = (
-                "the world (every rank's local checks merged, then the world checks)"
-                if check.status == "pass"
-                else "the world did not form (the checks above are this rank's; each rank prints its own line)"
-            )
+            heading = "the world did not form (the checks above are this rank's; each rank prints its own line)"
+            if check.status == "pass":
+                heading = "the world (every rank's local checks merged, then the world checks)"
+            elif check.summary.startswith("skipped"):
+                heading = "the world checks"
         text = f"distinit doctor: {heading}\n{line(check)}\n" if heading else f"{line(check)}\n"
         self.stream.write(text)  # one write per check: a line never tears
         self.stream.flush()
