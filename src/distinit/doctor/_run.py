@@ -99,26 +99,22 @@ def _world(
                 skip=options.skip,
                 on_check=on_check,
             )
-        except RuntimeError as exc:  # torch's collective errors: a peer closed its connection or never answered
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            # torch's collective errors are RuntimeError: a peer closed its connection or never answered.
+            # Peers' documents are validated, so anything else here is the doctor's own bug.
+            collective = isinstance(exc, RuntimeError)
+            what = "a collective failed" if collective else "the doctor failed"
             broken = Check(
                 id="world",
                 status="fail",
-                summary=f"the world formed, then a collective failed: {type(exc).__name__}: {first_line(exc)}",
-                fix="another rank stopped or ran out of time: read its output (every rank prints one line)",
+                summary=f"the world formed, then {what}: {type(exc).__name__}: {first_line(exc)}",
+                fix="another rank stopped or ran out of time: read its output (every rank prints one line)"
+                if collective
+                else "report this as a distinit bug, with every rank's `distinit doctor --json` output",
                 ranks=(env.rank,),
                 evidence={"error": str(exc)[:4096]},
             )
-            return failed(broken, "the exchange failed")
-        except (ValueError, KeyError, TypeError) as exc:  # peers' documents are validated: this is our bug
-            broken = Check(
-                id="world",
-                status="fail",
-                summary=f"the world formed, then the doctor failed: {type(exc).__name__}: {first_line(exc)}",
-                fix="report this as a distinit bug, with every rank's `distinit doctor --json` output",
-                ranks=(env.rank,),
-                evidence={"error": str(exc)[:4096]},
-            )
-            return failed(broken, "the doctor failed")
+            return failed(broken, what)
         finally:
             # an NCCL collective that never answered (bounded()'s timeout verdict) may still hold the group
             leave_world(created, stuck=any(c.id == "nccl" and "waiting_for" in c.evidence for c in checks))
