@@ -238,6 +238,7 @@ class FileTimerServer:
     def stop(self) -> None:
         """Stop the thread (waits at most ``max_interval`` + 1 s), remove the FIFO and close everything."""
         self._stop_signaled = True
+        self._wake()
         thread, self._watchdog_thread = self._watchdog_thread, None
         if thread is not None:
             thread.join(self._max_interval + 1.0)
@@ -247,6 +248,7 @@ class FileTimerServer:
     def run_once(self) -> None:
         """Let the thread finish one more pass, reading every request already written, then stop it."""
         self._run_once = True
+        self._wake()
         thread, self._watchdog_thread = self._watchdog_thread, None
         if thread is not None:
             thread.join()
@@ -257,6 +259,11 @@ class FileTimerServer:
     def get_last_progress_time(self) -> int:
         """When the loop last completed a pass (epoch seconds; now, before any client connected)."""
         return self._last_progress_time if self._is_client_started else int(time.time())
+
+    def _wake(self) -> None:
+        """End the loop's sleep now: an empty line through our own FIFO (skipped by the reader)."""
+        with contextlib.suppress(OSError):
+            os.write(self._wfd, b"\n")
 
     def _close(self) -> None:
         for fd in (self._rfd, self._wfd):
