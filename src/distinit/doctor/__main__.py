@@ -1,17 +1,22 @@
-"""``python -m distinit.doctor``: the doctor alone (``distinit doctor`` is the same command)."""
+"""``python -m distinit.doctor``: the same command as ``distinit doctor``.
+
+The doctor's options are defined once, with the ``distinit`` command (``distinit/cli.py``), so that
+``distinit doctor --help`` imports neither torch nor the checks. This entry point runs that command by
+module name, as ``python -m distinit.cli doctor ...`` does: no capability imports the CLI (the layering rule),
+an entry point may run it.
+"""
 
 from __future__ import annotations
 
+import runpy
 import sys
-from collections.abc import Sequence
-
-from distinit.cli import main as cli_main
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``distinit doctor`` with ``argv`` (default ``sys.argv[1:]``); return its exit status."""
-    return cli_main(["doctor", *(sys.argv[1:] if argv is None else argv)])
+def main() -> None:
+    """Run ``distinit doctor`` with this process's arguments; exits with its status."""
+    sys.argv = ["distinit", "doctor", *sys.argv[1:]]
+    runpy.run_module("distinit.cli", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
