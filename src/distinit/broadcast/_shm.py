@@ -7,15 +7,16 @@ Steps (every rank of the group takes part in the three status exchanges, which a
    ``/dev/shm``), mode 0400, and writes the payload into it with ``pwrite``, computing a CRC-32 of the bytes
    as it goes (across hosts src first sends the packed bytes to every other host's leader, point to point).
    It then seals the file: ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL``. From here on nobody,
-   the leader included, can change, shrink or grow it.
-2. Status exchange "written": the leader's row carries its pid, the descriptor number, the file's
-   (st_dev, st_ino) and the CRC-32. Readers open ``/proc/<leader pid>/fd/<n>`` read-only, and check the
-   device and inode (the file the leader created, not one swapped in), size, owner and seals.
+   the leader included, can change, shrink or grow it. The leader reads the sealed file back and checks the
+   CRC-32: the bytes are then the ones it wrote, for good (another process of the same user could have
+   written into it before the seal, through ``/proc``).
+2. Status exchange "written": the leader's row carries its pid, the descriptor number and the file's
+   (st_dev, st_ino), or why it failed. Readers open ``/proc/<leader pid>/fd/<n>`` read-only, and check the
+   device and inode (the file the leader created and checked, not one swapped in), size, owner and seals:
+   a sealed file with that inode holds exactly the bytes the leader checked.
 3. Status exchange "opened"; the leader closes its descriptor. Readers map the segment (private mapping of a
-   read-only descriptor: their writes stay in their own pages) and check the CRC-32 before anything reaches
-   their tensors; then copy out, or with ``zero_copy`` keep tensors that view the mapping.
-4. Status exchange "verified": a reader that found other bytes than src wrote makes every rank raise the
-   same error.
+   read-only descriptor: their writes stay in their own pages) and copy out, or with ``zero_copy`` keep
+   tensors that view the mapping.
 
 Nothing is ever named in ``/dev/shm``: the memory lives exactly as long as a descriptor or mapping does, so a
 job SIGKILLed at any step leaves nothing behind. A sealed file cannot be truncated, so a ``zero_copy`` view
@@ -59,15 +60,16 @@ ATTACH_FAILED = 2000  # + errno
 CORRUPT = 3001
 FOREIGN = 3002
 UNSEALED = 3003
-CHUNK = 8 << 20  # bytes per pwrite, and per CRC step (cache-hot when the bytes are written or checked)
+CHUNK = 8 << 20  # bytes per pwrite, and per CRC step (cache-hot when the bytes are written or read back)
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-ROW = 6  # status, pid, fd, st_dev, st_ino, crc32
+ROW = 5  # status, pid, fd, st_dev, st_ino
 VERIFY = True
-"""Whether readers check the CRC-32 (the benchmark turns it off to measure its cost; nothing else should)."""
+"""Whether the leader computes the CRC-32 while writing and checks it after the seal (the benchmark turns it
+off to measure its cost; nothing else should)."""
 
 _TEXT = {
-    CORRUPT: "found other bytes than src wrote (CRC-32 mismatch: the segment was written by another process "
-    "before it was sealed)",
+    CORRUPT: "read back other bytes from its sealed segment than it wrote (CRC-32 mismatch: another process "
+    "wrote into it before the seal)",
     FOREIGN: "opened a file that is not the one its leader created (device, inode, size or owner differ)",
     UNSEALED: "found its host's segment not sealed against writes",
 }
@@ -86,8 +88,8 @@ class Segment:
     an errno (a write through a mapping would die of SIGBUS). Readers map it, after the seal.
     """
 
-    def __init__(self, fd: int, size: int, crc: int = 0) -> None:
-        self.fd, self.size, self.crc = fd, size, crc
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size, self.crc = fd, size, 0
 
     @classmethod
     def create(cls, size: int, name: str) -> Segment:
@@ -106,7 +108,8 @@ class Segment:
         view, done = byte_view(data), 0
         while done < len(view):
             piece = view[done : done + CHUNK]
-            self.crc = zlib.crc32(piece, self.crc)
+            if VERIFY:
+                self.crc = zlib.crc32(piece, self.crc)
             wrote = 0
             while wrote < len(piece):
                 wrote += os.pwrite(self.fd, piece[wrote:], offset + done + wrote)
@@ -116,15 +119,30 @@ class Segment:
         """Forbid every later change of size or content, by anyone (``EBUSY``: someone holds a writable mapping)."""
         fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
 
+    def holds_what_was_written(self, spec: Spec, offsets: list[int]) -> bool:
+        """After the seal: whether each tensor's bytes, read back, have the CRC-32 computed while writing them."""
+        if not VERIFY:
+            return True
+        view, crc = memoryview(bytearray(min(CHUNK, self.size) or 1)), 0
+        for (dtype, shape), offset in zip(spec, offsets, strict=True):
+            at, end = offset, offset + nbytes_of(dtype, shape)
+            while at < end:
+                got = os.preadv(self.fd, [view[: min(CHUNK, end - at)]], at)
+                if not got:
+                    raise OSError(errno.EIO, f"the segment ended at {at} bytes, {end} expected")
+                crc = zlib.crc32(view[:got], crc)
+                at += got
+        return crc == self.crc
+
     def row(self) -> list[int]:
-        """What readers need to find and check this segment: OK, pid, descriptor, device, inode, CRC-32."""
+        """What readers need to find and check this segment: OK, pid, descriptor, device, inode."""
         st = os.fstat(self.fd)
-        return [OK, os.getpid(), self.fd, _signed(st.st_dev), _signed(st.st_ino), self.crc]
+        return [OK, os.getpid(), self.fd, _signed(st.st_dev), _signed(st.st_ino)]
 
     @classmethod
     def attach(cls, row: list[int], size: int) -> tuple[int, Segment | None]:
         """Open the leader's segment read-only from its status row; a status and the segment, or a status why not."""
-        _, pid, fd_number, dev, ino, crc = row
+        _, pid, fd_number, dev, ino = row
         try:
             fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
@@ -144,7 +162,7 @@ class Segment:
         except OSError as exc:
             os.close(fd)
             return ATTACH_FAILED + (exc.errno or 0), None
-        return OK, cls(fd, size, crc)
+        return OK, cls(fd, size)
 
     def map_private(self) -> torch.Tensor:
         """The whole segment as a uint8 tensor over a private copy-on-write mapping (writes stay here).
@@ -158,16 +176,6 @@ class Segment:
     def close(self) -> None:
         """Close the descriptor (the memory stays while a mapping or another descriptor holds it)."""
         os.close(self.fd)
-
-
-def payload_crc(data: torch.Tensor, spec: Spec, offsets: list[int]) -> int:
-    """The CRC-32 of each tensor's bytes in order (padding excluded), over a packed CPU uint8 buffer."""
-    crc = 0
-    for (dtype, shape), offset in zip(spec, offsets, strict=True):
-        view = byte_view(data[offset : offset + nbytes_of(dtype, shape)])
-        for start in range(0, len(view), CHUNK):
-            crc = zlib.crc32(view[start : start + CHUNK], crc)
-    return crc
 
 
 def transfer(
@@ -185,9 +193,9 @@ def transfer(
 
     Raises:
         BroadcastMismatchError: on every rank: a segment could not be created, written, sealed or opened on
-            some rank (``field="transport"``, named, with the errno), or a reader found it was not the
-            leader's segment or not the bytes src wrote (``field="payload"``); no receiver's buffer was
-            written then.
+            some rank (``field="transport"``, named, with the errno), or a leader read back other bytes
+            from its sealed segment than it wrote, or a reader found it was not its leader's sealed segment
+            (``field="payload"``); no receiver's buffer was written then.
         BroadcastTimeoutError: a peer died or a step timed out (on the waiting rank).
     """
     offsets, total = slots(spec)
@@ -210,14 +218,14 @@ def transfer(
             seg.close()  # every reader of this host holds its own descriptor now
             seg = None
         _check(ctx, statuses, "opening")
-        mapped = _verified(seg, spec, offsets) if seg is not None else None
-        _check(ctx, sync(ctx, OK if seg is None or mapped is not None else CORRUPT, "shared-memory verify"), "reading")
         if ctx.rank == ctx.src and sources is not None:
             return sources
-        data = staging if staging is not None else mapped
-        if data is None:  # unreachable: a reader with status OK has opened and verified the segment
+        if staging is not None:  # a leader that received across hosts holds the bytes already
+            return unpack(ctx, staging, spec, offsets, outs, zero_copy=zero_copy)
+        if seg is None:  # unreachable: a reader with status OK has opened the segment
             raise RuntimeError(f"{ctx.call}: rank {ctx.rank} has no shared-memory segment to read")
-        return unpack(ctx, data, spec, offsets, outs, zero_copy=zero_copy)
+        mapped = seg.map_private() if total else torch.empty(0, dtype=torch.uint8)
+        return unpack(ctx, mapped, spec, offsets, outs, zero_copy=zero_copy)
     finally:
         if seg is not None:
             seg.close()
@@ -253,6 +261,10 @@ def _write(
             for (dtype, shape), offset in zip(spec, offsets, strict=True):
                 seg.write(offset, packed[offset : offset + nbytes_of(dtype, shape)])
         seg.seal()
+        if not seg.holds_what_was_written(spec, offsets):
+            logger.debug("rank %d: its sealed segment does not hold what it wrote", ctx.rank)
+            seg.close()
+            return CORRUPT, None, received
     except OSError as exc:  # no memory (ENOMEM/ENOSPC), or EBUSY: someone mapped it writable before the seal
         logger.debug("rank %d: cannot create, write or seal its host's segment: %s", ctx.rank, exc)
         if seg is not None:
@@ -281,15 +293,6 @@ def _across_hosts(ctx: CallContext, route: Route, buf: torch.Tensor) -> None:
         wait_or_raise(work, ctx, "transfer between hosts")
     if wire is not buf and ctx.rank != ctx.src:
         buf.copy_(wire)
-
-
-def _verified(seg: Segment, spec: Spec, offsets: list[int]) -> torch.Tensor | None:
-    """A reader's mapping of the sealed segment once its CRC-32 matched src's (None when it did not)."""
-    mapped = seg.map_private() if seg.size else torch.empty(0, dtype=torch.uint8)
-    if not VERIFY or payload_crc(mapped, spec, offsets) == seg.crc:
-        return mapped
-    logger.debug("segment CRC-32 mismatch: src wrote %08x", seg.crc)
-    return None
 
 
 def _check(ctx: CallContext, statuses: list[int], step: str) -> None:

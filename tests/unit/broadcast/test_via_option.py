@@ -117,10 +117,32 @@ def test_segment_is_nameless_sealed_and_copy_on_write() -> None:
     assert os.pread(reader.fd, 1, 0) == b"\x01"
     with pytest.raises(OSError, match="Bad file descriptor"):  # read-only descriptor
         os.pwrite(reader.fd, b"x", 0)
-    assert _shm.payload_crc(view, [(torch.uint8, (4,))], [0]) != reader.crc  # the write is seen as a change
     seg.close()
     reader.close()
     assert view[0] == 99 and view[1] == 2  # the mapping outlives both descriptors
+
+
+def test_the_leader_reads_back_what_it_wrote_after_the_seal() -> None:
+    """A write by another process before the seal (through /proc, as any process of the same user can) is found."""
+    spec, offsets = [(torch.uint8, (4,)), (torch.int32, (2,))], [0, 64]
+    honest = _shm.Segment.create(4096, "distinit-bc-unit")
+    honest.write(0, torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
+    honest.write(64, torch.tensor([5, 6], dtype=torch.int32).view(torch.uint8))
+    attacked = _shm.Segment.create(4096, "distinit-bc-unit")
+    attacked.write(0, torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
+    attacked.write(64, torch.tensor([5, 6], dtype=torch.int32).view(torch.uint8))
+    early = os.open(f"/proc/self/fd/{attacked.fd}", os.O_RDONLY)
+    os.fchmod(early, 0o600)  # mode 0400 stops nobody of the same uid: the owner may change it back
+    writer = os.open(f"/proc/self/fd/{attacked.fd}", os.O_RDWR)
+    os.pwrite(writer, b"\x07", 65)
+    for seg in (honest, attacked):
+        seg.seal()
+    assert honest.holds_what_was_written(spec, offsets)
+    assert not attacked.holds_what_was_written(spec, offsets)
+    with pytest.raises(PermissionError):  # the early descriptor cannot write any more
+        os.pwrite(writer, b"\x07", 65)
+    for fd in (early, writer, honest.fd, attacked.fd):
+        os.close(fd)
 
 
 def test_a_reader_refuses_another_file_an_unsealed_one_or_the_wrong_size() -> None:
@@ -131,7 +153,7 @@ def test_a_reader_refuses_another_file_an_unsealed_one_or_the_wrong_size() -> No
     assert _shm.Segment.attach(seg.row(), 4096) == (_shm.UNSEALED, None)
     seg.seal()
     assert _shm.Segment.attach(seg.row(), 8192) == (_shm.FOREIGN, None)
-    gone = [_shm.OK, 2**22 + 1, 3, 0, 0, 0]  # beyond pid_max: no such process
+    gone = [_shm.OK, 2**22 + 1, 3, 0, 0]  # beyond pid_max: no such process
     assert _shm.Segment.attach(gone, 4096)[0] == _shm.ATTACH_FAILED + errno.ENOENT
     seg.close()
     other.close()
