@@ -50,6 +50,7 @@ MAX_SCOPE_CHARS = 1024
 # The most bytes read from the FIFO in one pass, so a flooding writer cannot delay expiry checks.
 _READ_BUDGET = 1 << 20
 _WARN_EVERY = 5.0
+_SWEEP_EVERY = 0.1
 _SIGNAL_MAX = int(_signal.SIGRTMAX)
 
 LogEvent = Callable[[str, FileTimerRequest | None], None]
@@ -212,6 +213,7 @@ class FileTimerServer:
         self._warned_at: dict[str, float] = {}
         self._dropped: dict[str, int] = {}
         self._tick_end = 0.0
+        self._swept_at = 0.0
         self._dumps: dict[int, tuple[str, int, float]] = {}  # stack dumps asked for in this pass
         self._signalled: dict[int, bool] = {}  # pids _reap_worker signalled in this pass
         self._sink = EventSink(events)
@@ -380,7 +382,7 @@ class FileTimerServer:
     def _identify(self, pid: int, start: int | None) -> None:
         """Remember which process ``pid`` is now (pidfd + start time); None for pids never to be signalled."""
         ref = self._procs.get(pid)
-        if ref is not None and (start is None or ref.start == start) and ref.matches():
+        if ref is not None and (start is None or ref.start == start) and _running(ref):
             return
         if ref is not None:
             ref.close()
@@ -389,9 +391,11 @@ class FileTimerServer:
 
     def clear_timers(self, worker_pids: set[int]) -> None:
         """Drop every timer of ``worker_pids`` and of processes no longer running."""
-        for pid, scope_id in list(self._timers):
-            if pid in worker_pids or not self.is_process_running(pid):
-                del self._timers[(pid, scope_id)]
+        self._swept_at = time.monotonic()
+        pids = {pid for pid, _ in self._timers}
+        gone = {pid for pid in pids if pid in worker_pids or not self.is_process_running(pid)}
+        for key in [key for key in self._timers if key[0] in gone]:
+            del self._timers[key]
         for pid in [p for p in self._procs if not any(k[0] == p for k in self._timers)]:
             ref = self._procs.pop(pid)
             if ref is not None:
@@ -429,7 +433,9 @@ class FileTimerServer:
                 else:
                     reaped.discard(pid)
             self._dumps, self._signalled = {}, {}
-        self.clear_timers(reaped)
+        # Exited workers' timers are swept every 0.1 s at most (a procfs read per worker), reaped ones at once.
+        if reaped or time.monotonic() - self._swept_at >= min(_SWEEP_EVERY, self._max_interval):
+            self.clear_timers(reaped)
 
     def _begin_dumps(self, pids: list[int]) -> dict[int, tuple[str, int, float]]:
         """Ask every worker that installed the dump handler for its stack at once: pid -> (file, offset, since)."""
@@ -537,6 +543,15 @@ def _earliest_signal(timers: list[FileTimerRequest]) -> tuple[int, FileTimerRequ
         if timer.signal > 0:
             return timer.signal, timer
     return 0, ordered[0]
+
+
+def _running(ref: ProcessRef) -> bool:
+    """Whether ``ref``'s process has not exited: one pidfd poll, or the procfs identity check without pidfds."""
+    if ref.pidfd is None:
+        return ref.matches()
+    poller = select.poll()
+    poller.register(ref.pidfd, select.POLLIN)
+    return not poller.poll(0)
 
 
 def _remove_stack(path: str) -> None:
