@@ -240,23 +240,25 @@ class FileTimerServer:
     def stop(self) -> None:
         """Stop the thread (waits at most ``max_interval`` + 1 s), remove the FIFO and close everything."""
         self._stop_signaled = True
-        self._wake()
-        thread, self._watchdog_thread = self._watchdog_thread, None
-        if thread is not None:
-            thread.join(self._max_interval + 1.0)
+        self._end_thread(self._max_interval + 1.0)
         self._close()
         self._emit("watchdog stopped", None)
 
     def run_once(self) -> None:
         """Let the thread finish one more pass, reading every request already written, then stop it."""
         self._run_once = True
-        self._wake()
-        thread, self._watchdog_thread = self._watchdog_thread, None
-        if thread is not None:
-            thread.join()
-        else:
+        if not self._end_thread(self._max_interval + 5.0):
             self._run_watchdog()
         self._close()
+
+    def _end_thread(self, timeout: float) -> bool:
+        """Wake the loop and wait for its thread to end (at most ``timeout``); False when none was running."""
+        self._wake()
+        thread, self._watchdog_thread = self._watchdog_thread, None
+        if thread is None:
+            return False
+        thread.join(timeout)
+        return True
 
     def get_last_progress_time(self) -> int:
         """When the loop last completed a pass (epoch seconds; now, before any client connected)."""

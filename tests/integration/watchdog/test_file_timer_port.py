@@ -74,14 +74,19 @@ def idle_server(file_path: str) -> Iterator[timer.FileTimerServer]:
 # -- FileTimerTest ------------------------------------------------------------------------------------------
 
 
-def func2(n: int, file_path: str | None) -> None:
-    """Times out: the innermost region (0.1 s) sleeps 0.2 s."""
+def _nest(n: int, file_path: str | None, after: float = 100, pause: float = 0.01) -> None:
+    """``n`` nested default-scope regions of ``after`` s, each sleeping ``pause`` s after the inner one."""
     if file_path is not None:
         timer.configure(timer.FileTimerClient(file_path))
     if n > 0:
-        with timer.expires(after=0.1):
-            func2(n - 1, None)
-            time.sleep(0.2)
+        with timer.expires(after=after):
+            _nest(n - 1, None, after, pause)
+            time.sleep(pause)
+
+
+def func2(n: int, file_path: str | None) -> None:
+    """Times out: the innermost region (0.1 s) sleeps 0.2 s."""
+    _nest(n, file_path, 0.1, 0.2)
 
 
 def test_exception_propagation(server: timer.FileTimerServer) -> None:
@@ -127,15 +132,6 @@ def test_get_timer_recursive(server: timer.FileTimerServer, file_path: str) -> N
     proc = FORK.Process(target=func2, args=(2, file_path))
     proc.start()
     assert _join(proc) == -signal.SIGKILL
-
-
-def _nest(n: int, file_path: str | None) -> None:
-    if file_path is not None:
-        timer.configure(timer.FileTimerClient(file_path))
-    if n > 0:
-        with timer.expires(after=100):
-            _nest(n - 1, None)
-            time.sleep(0.01)
 
 
 def test_multiple_clients_interaction(server: timer.FileTimerServer, file_path: str) -> None:
