@@ -4,12 +4,12 @@ Steps (every rank of the group takes part in the three status exchanges, which a
 
 1. Each host's leader (src on its host, else its lowest rank) creates an anonymous memory file
    (``memfd_create``, named ``distinit-bc-<pid+start time>-<call>`` for ``/proc`` readers only, never in
-   ``/dev/shm``), mode 0400, and writes the payload into it with ``pwrite``, computing a CRC-32 of the bytes
-   as it goes (across hosts src first sends the packed bytes to every other host's leader, point to point).
-   It then seals the file: ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL``. From here on nobody,
-   the leader included, can change, shrink or grow it. The leader reads the sealed file back and checks the
-   CRC-32: the bytes are then the ones it wrote, for good (another process of the same user could have
-   written into it before the seal, through ``/proc``).
+   ``/dev/shm``), mode 0400, and writes the payload into it with ``pwrite`` (across hosts src first sends
+   the packed bytes to every other host's leader, point to point). It then seals the file:
+   ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL``. From here on nobody, the leader included,
+   can change, shrink or grow it. The leader compares the sealed file with the bytes it wrote: they are
+   then the ones it wrote, for good (another process of the same user could have written into it before
+   the seal, through ``/proc``).
 2. Status exchange "written": the leader's row carries its pid, the descriptor number and the file's
    (st_dev, st_ino), or why it failed. Readers open ``/proc/<leader pid>/fd/<n>`` read-only, and check the
    device and inode (the file the leader created and checked, not one swapped in), size, owner and seals:
@@ -31,7 +31,6 @@ import logging
 import mmap
 import os
 import stat
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -60,16 +59,15 @@ ATTACH_FAILED = 2000  # + errno
 CORRUPT = 3001
 FOREIGN = 3002
 UNSEALED = 3003
-CHUNK = 8 << 20  # bytes per pwrite, and per CRC step (cache-hot when the bytes are written or read back)
+CHUNK = 1 << 30  # bytes per pwrite call
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 ROW = 5  # status, pid, fd, st_dev, st_ino
 VERIFY = True
-"""Whether the leader computes the CRC-32 while writing and checks it after the seal (the benchmark turns it
-off to measure its cost; nothing else should)."""
+"""Whether the leader compares its sealed segment with what it wrote (the benchmark turns it off to measure
+its cost; nothing else should)."""
 
 _TEXT = {
-    CORRUPT: "read back other bytes from its sealed segment than it wrote (CRC-32 mismatch: another process "
-    "wrote into it before the seal)",
+    CORRUPT: "found other bytes in its sealed segment than it wrote (another process wrote into it before the seal)",
     FOREIGN: "opened a file that is not the one its leader created (device, inode, size or owner differ)",
     UNSEALED: "found its host's segment not sealed against writes",
 }
@@ -89,7 +87,7 @@ class Segment:
     """
 
     def __init__(self, fd: int, size: int) -> None:
-        self.fd, self.size, self.crc = fd, size, 0
+        self.fd, self.size = fd, size
 
     @classmethod
     def create(cls, size: int, name: str) -> Segment:
@@ -104,35 +102,25 @@ class Segment:
         return cls(fd, size)
 
     def write(self, offset: int, data: torch.Tensor) -> None:
-        """Write a CPU contiguous uint8 tensor at ``offset``, adding its bytes to the running CRC-32."""
+        """Write a CPU contiguous uint8 tensor at ``offset``."""
         view, done = byte_view(data), 0
         while done < len(view):
-            piece = view[done : done + CHUNK]
-            if VERIFY:
-                self.crc = zlib.crc32(piece, self.crc)
-            wrote = 0
-            while wrote < len(piece):
-                wrote += os.pwrite(self.fd, piece[wrote:], offset + done + wrote)
-            done += len(piece)
+            done += os.pwrite(self.fd, view[done : done + CHUNK], offset + done)
 
     def seal(self) -> None:
         """Forbid every later change of size or content, by anyone (``EBUSY``: someone holds a writable mapping)."""
         fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
 
-    def holds_what_was_written(self, spec: Spec, offsets: list[int]) -> bool:
-        """After the seal: whether each tensor's bytes, read back, have the CRC-32 computed while writing them."""
-        if not VERIFY:
+    def holds(self, written: list[tuple[int, torch.Tensor]]) -> bool:
+        """After the seal: whether the segment holds, byte for byte, each ``(offset, uint8 tensor)`` written.
+
+        A comparison, not a checksum: nothing another process wrote before the seal can pass it, and after
+        the seal nothing can change. Reads through a private mapping (no copy; unmapped on return).
+        """
+        if not self.size:
             return True
-        view, crc = memoryview(bytearray(min(CHUNK, self.size) or 1)), 0
-        for (dtype, shape), offset in zip(spec, offsets, strict=True):
-            at, end = offset, offset + nbytes_of(dtype, shape)
-            while at < end:
-                got = os.preadv(self.fd, [view[: min(CHUNK, end - at)]], at)
-                if not got:
-                    raise OSError(errno.EIO, f"the segment ended at {at} bytes, {end} expected")
-                crc = zlib.crc32(view[:got], crc)
-                at += got
-        return crc == self.crc
+        mapped = self.map_private()
+        return all(torch.equal(mapped[offset : offset + data.numel()], data) for offset, data in written)
 
     def row(self) -> list[int]:
         """What readers need to find and check this segment: OK, pid, descriptor, device, inode."""
@@ -254,14 +242,14 @@ def _write(
     seg = None
     try:
         seg = Segment.create(total, f"{_creator.PREFIX}{_creator.tag()}-{ctx.seq}")
-        if packed is None:
-            for offset, tensor in zip(offsets, sources or [], strict=True):
-                seg.write(offset, wire_view(tensor, _CPU)[0])
+        if packed is None:  # src's own tensors (views, or staging copies of CUDA or strided ones, kept to compare)
+            written = [(o, wire_view(t, _CPU)[0]) for o, t in zip(offsets, sources or [], strict=True)]
         else:
-            for (dtype, shape), offset in zip(spec, offsets, strict=True):
-                seg.write(offset, packed[offset : offset + nbytes_of(dtype, shape)])
+            written = [(o, packed[o : o + nbytes_of(d, s)]) for (d, s), o in zip(spec, offsets, strict=True)]
+        for offset, data in written:
+            seg.write(offset, data)
         seg.seal()
-        if not seg.holds_what_was_written(spec, offsets):
+        if VERIFY and not seg.holds(written):
             logger.debug("rank %d: its sealed segment does not hold what it wrote", ctx.rank)
             seg.close()
             return CORRUPT, None, received

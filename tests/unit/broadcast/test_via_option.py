@@ -122,23 +122,21 @@ def test_segment_is_nameless_sealed_and_copy_on_write() -> None:
     assert view[0] == 99 and view[1] == 2  # the mapping outlives both descriptors
 
 
-def test_the_leader_reads_back_what_it_wrote_after_the_seal() -> None:
+def test_the_leader_compares_the_sealed_segment_with_what_it_wrote() -> None:
     """A write by another process before the seal (through /proc, as any process of the same user can) is found."""
-    spec, offsets = [(torch.uint8, (4,)), (torch.int32, (2,))], [0, 64]
-    honest = _shm.Segment.create(4096, "distinit-bc-unit")
-    honest.write(0, torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
-    honest.write(64, torch.tensor([5, 6], dtype=torch.int32).view(torch.uint8))
-    attacked = _shm.Segment.create(4096, "distinit-bc-unit")
-    attacked.write(0, torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
-    attacked.write(64, torch.tensor([5, 6], dtype=torch.int32).view(torch.uint8))
+    written = [(0, torch.tensor([1, 2, 3, 4], dtype=torch.uint8)), (64, torch.tensor([5, 6]).view(torch.uint8))]
+    honest, attacked = (_shm.Segment.create(4096, "distinit-bc-unit") for _ in range(2))
+    for seg in (honest, attacked):
+        for offset, data in written:
+            seg.write(offset, data)
     early = os.open(f"/proc/self/fd/{attacked.fd}", os.O_RDONLY)
     os.fchmod(early, 0o600)  # mode 0400 stops nobody of the same uid: the owner may change it back
     writer = os.open(f"/proc/self/fd/{attacked.fd}", os.O_RDWR)
     os.pwrite(writer, b"\x07", 65)
     for seg in (honest, attacked):
         seg.seal()
-    assert honest.holds_what_was_written(spec, offsets)
-    assert not attacked.holds_what_was_written(spec, offsets)
+    assert honest.holds(written)
+    assert not attacked.holds(written)
     with pytest.raises(PermissionError):  # the early descriptor cannot write any more
         os.pwrite(writer, b"\x07", 65)
     for fd in (early, writer, honest.fd, attacked.fd):
