@@ -31,6 +31,7 @@ def _check_imports() -> Path:
         "distinit.watchdog",
         "distinit.testing",
         "distinit.integrations",
+        "distinit.rendezvous",
         "distinit.cli",
     ):
         importlib.import_module(module)
@@ -46,6 +47,14 @@ def _check_entry_points() -> None:
     scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
     if scripts.get("distinit") != "distinit.cli:main":
         sys.exit(f"console script 'distinit' is {scripts.get('distinit')!r}")
+    # torchrun --rdzv-backend=distinit: importing torch's rendezvous package registers the entry points.
+    handlers = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="torchrun.handlers")}
+    if handlers.get("distinit") != "distinit.rendezvous:handler":
+        sys.exit(f"torchrun.handlers entry point 'distinit' is {handlers.get('distinit')!r}")
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    if "distinit" not in rendezvous_handler_registry._registry:
+        sys.exit("torch's rendezvous registry did not register 'distinit' (see torch's warning above)")
 
 
 def _run(*args: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
 LEAVES = ("errors", "_duration", "_foreign")
-CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor")
+CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor", "rendezvous")
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {
     "env": set(),
@@ -25,6 +25,7 @@ ALLOWED = {
     "testing": {"env", "init", "broadcast", "watchdog"},
     "integrations": {"env", "init"},
     "doctor": {"env", "init", "_identity"},
+    "rendezvous": {"env", "init", "_identity"},  # torchrun's handler; nothing imports it (an entry point)
 }
 #: What the package face or the CLI is; no capability imports these.
 FACES = {"distinit", "distinit.cli", "distinit.testing.plugin"}

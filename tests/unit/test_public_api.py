@@ -26,6 +26,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "testing",
         "integrations",
         "doctor",
+        "rendezvous",
         "cli",
         "annotations",
         "importlib",
@@ -98,6 +99,7 @@ def test_public_classes_name_their_public_module() -> None:
         "distinit.broadcast",
         "distinit.testing",
         "distinit.doctor",
+        "distinit.rendezvous",
     )
     bad = []
     for package in packages:

@@ -1,0 +1,220 @@
+"""What each agent publishes about itself on the rendezvous store, and the disagreements between agents.
+
+An agent's card is JSON on the store (never pickle: cards come from peers): its host identity, versions, the
+torchrun flags that must agree across the job, and a digest of the ``NCCL_*``/``GLOO_*``/``TORCH_*`` variables.
+:func:`disagreements` is pure: cards in, named disagreements out, so every agent that reads the same cards
+reaches the same verdict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from distinit._identity import local_identity
+from distinit.init._loopback import interfaces
+
+#: Variable prefixes whose values are digested into the card (values are never published, only hashes).
+DIGESTED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
+#: Store key prefix of the cards, outside torch's ``torch.rendezvous.<run_id>`` keys.
+PREFIX = "distinit.torchrun"
+
+Status = Literal["waiting", "joined", "failed"]
+
+
+class AgentCard(BaseModel):
+    """One agent as it describes itself to the others (JSON on the store)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str
+    node: str  # torch's node address: --local-addr, else this host's FQDN
+    pid: int
+    hostname: str
+    boot_id: str | None = None
+    netns: int | None = None
+    addresses: tuple[str, ...] = ()
+    torch: str
+    python: str
+    distinit: str
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int | None = None
+    max_restarts: int | None = None
+    env: dict[str, str] = {}  # variable -> first 12 hex digits of sha256(value)
+    started: float  # wall-clock time.time() of the agent's first rendezvous
+    status: Status = "waiting"
+    round: int = 0
+
+    @property
+    def label(self) -> str:
+        """``host pid N`` as messages name an agent."""
+        return f"{self.hostname} pid {self.pid}"
+
+    @property
+    def machine(self) -> tuple[str | None, int | None, str]:
+        """What makes two agents one machine: boot_id and network namespace (hostname when boot_id is unknown)."""
+        return (self.boot_id, self.netns, self.hostname if self.boot_id is None else "")
+
+
+def env_digest(environ: Mapping[str, str]) -> dict[str, str]:
+    """Short hashes of the values of every ``NCCL_*``/``GLOO_*``/``TORCH_*`` variable (values stay private)."""
+    return {
+        name: hashlib.sha256(value.encode(errors="replace")).hexdigest()[:12]
+        for name, value in sorted(environ.items())
+        if name.startswith(DIGESTED_PREFIXES)
+    }
+
+
+def local_card(
+    *,
+    run_id: str,
+    node: str,
+    min_nodes: int,
+    max_nodes: int,
+    nproc_per_node: int | None,
+    max_restarts: int | None,
+    environ: Mapping[str, str] | None = None,
+) -> AgentCard:
+    """This agent's card (a few reads from /proc, no network)."""
+    import torch
+
+    try:
+        version = importlib.metadata.version("distinit")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path
+        version = "unknown"
+
+    env = os.environ if environ is None else environ
+    identity = local_identity(env)
+    return AgentCard(
+        run_id=run_id,
+        node=node,
+        pid=os.getpid(),
+        hostname=identity.hostname or socket.gethostname(),
+        boot_id=identity.boot_id,
+        netns=identity.netns,
+        addresses=tuple(ip for _, ip in interfaces()),
+        torch=str(torch.__version__),
+        python=platform.python_version(),
+        distinit=version,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=nproc_per_node,
+        max_restarts=max_restarts,
+        env=env_digest(env),
+        started=time.time(),
+    )
+
+
+def launch_flags(argv: Sequence[str] | None = None) -> tuple[int | None, int | None]:
+    """``(nproc_per_node, max_restarts)`` of the torchrun command that runs this agent, or Nones.
+
+    torch passes neither to a rendezvous handler (``RendezvousParameters`` holds only the rendezvous flags), so
+    they are read back from the agent's own command line with torch's own parser (which also honours the
+    ``PET_*`` variables). Not torchrun (another launcher embedding the agent), or unparsable: ``None``.
+    """
+    if argv is None:
+        program = sys.argv[0].replace(os.sep, "/") if sys.argv else ""
+        if not (program.endswith("/torchrun") or program == "torchrun" or program.endswith("torch/distributed/run.py")):
+            return None, None
+        argv = sys.argv[1:]
+    try:
+        from torch.distributed.run import determine_local_world_size, get_args_parser
+
+        parsed = get_args_parser().parse_args(list(argv))
+        return int(determine_local_world_size(parsed.nproc_per_node)), int(parsed.max_restarts)
+    except (SystemExit, ValueError, TypeError, AttributeError, ImportError):
+        return None, None
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """Agents that disagree on ``field``: each distinct value with the agents holding it."""
+
+    field: str  # "--nnodes", "--nproc-per-node", "--max-restarts", "torch", "python", "distinit", "--rdzv-id"
+    values: tuple[tuple[str, tuple[str, ...]], ...]  # (value, agent labels)
+    fatal: bool = True
+
+    def describe(self) -> str:
+        """One line: ``--nnodes: '2' on a pid 1; '3' on b pid 2``."""
+        return f"{self.field}: " + "; ".join(f"{value!r} on {', '.join(who)}" for value, who in self.values)
+
+
+_FIELDS: tuple[tuple[str, str], ...] = (
+    ("--nnodes", "nnodes"),
+    ("--nproc-per-node", "nproc_per_node"),
+    ("--max-restarts", "max_restarts"),
+    ("torch", "torch"),
+    ("python", "python_minor"),
+    ("distinit", "distinit"),
+)
+
+
+def _value(card: AgentCard, key: str) -> str | None:
+    if key == "nnodes":
+        return f"{card.min_nodes}:{card.max_nodes}" if card.min_nodes != card.max_nodes else str(card.min_nodes)
+    if key == "python_minor":
+        return ".".join(card.python.split(".")[:2])
+    value = getattr(card, key)
+    return None if value is None else str(value)
+
+
+def _split(cards: Sequence[AgentCard], key: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    groups: dict[str, list[str]] = {}
+    for card in cards:
+        value = _value(card, key)
+        if value is not None:  # unknown (not torchrun's command line) never disagrees
+            groups.setdefault(value, []).append(card.label)
+    return tuple((value, tuple(sorted(who))) for value, who in sorted(groups.items()))  # one wording everywhere
+
+
+def disagreements(cards: Sequence[AgentCard], *, shared_endpoint: bool = False) -> list[Disagreement]:
+    """Every disagreement among ``cards`` (one job, or several jobs on one endpoint). Pure.
+
+    Fatal: different ``--rdzv-id`` among agents still waiting (unless ``shared_endpoint``: several jobs share
+    the endpoint on purpose), and, within a job, different ``--nnodes``, ``--nproc-per-node``,
+    ``--max-restarts``, torch, python (major.minor) or distinit. Not fatal (a warning): different
+    ``NCCL_*``/``GLOO_*``/``TORCH_*`` values (interface names may differ per node on purpose).
+    """
+    found: list[Disagreement] = []
+    waiting = [card for card in cards if card.status == "waiting"]
+    runs = _split(waiting, "run_id")
+    if len(runs) > 1 and not shared_endpoint:
+        found.append(Disagreement("--rdzv-id", runs))
+    by_run: dict[str, list[AgentCard]] = {}
+    for card in cards:
+        by_run.setdefault(card.run_id, []).append(card)
+    for run_cards in by_run.values():
+        for field, key in _FIELDS:
+            split = _split(run_cards, key)
+            if len(split) > 1:
+                found.append(Disagreement(field, split))
+        names = sorted({name for card in run_cards for name in card.env})
+        differing = [name for name in names if len({card.env.get(name) for card in run_cards}) > 1]
+        if differing:
+            found.append(
+                Disagreement(
+                    "environment",
+                    tuple((name, tuple(c.label for c in run_cards if name in c.env)) for name in differing[:6]),
+                    fatal=False,
+                )
+            )
+    return found
+
+
+def shared_machines(cards: Sequence[AgentCard]) -> list[tuple[str, ...]]:
+    """Groups of agents (of one job) that run on one machine (same boot_id and network namespace). Pure."""
+    groups: dict[tuple[str, tuple[str | None, int | None, str]], list[str]] = {}
+    for card in cards:
+        groups.setdefault((card.run_id, card.machine), []).append(card.label)
+    return [tuple(labels) for labels in groups.values() if len(labels) > 1]

@@ -1,0 +1,421 @@
+"""The ``distinit`` rendezvous handler for torchrun: torch's dynamic rendezvous, plus the reasons it fails.
+
+Membership, elasticity, keep-alive, re-rendezvous and the agent store are torch's ``DynamicRendezvousHandler``
+over the c10d backend, unchanged. Around it: the endpoint pre-flight (``_endpoint``), each agent's card and
+heart-beat on the store (``_card``), a watch of the other agents' cards while torch's join runs (a
+disagreement is raised at once, the same on every agent), and the translation of torch's bare timeout,
+closed and connection errors into messages that name the cause (``_explain``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+from torch.distributed import Store
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousTimeoutError,
+    dynamic_rendezvous,
+)
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend, create_backend
+
+from distinit.init._loopback import is_loopback
+from distinit.rendezvous._card import PREFIX, AgentCard, Disagreement, disagreements, launch_flags, local_card
+from distinit.rendezvous._card import shared_machines as _shared_machines
+from distinit.rendezvous._endpoint import DEFAULT_PORT, DOCS, connection_error, open_store, resolve, wait_for_store
+from distinit.rendezvous._errors import AgentConfigMismatchError
+from distinit.rendezvous._explain import Snapshot, explain_closed, explain_timeout
+
+logger = logging.getLogger("distinit.rendezvous")
+
+#: How often the waiting agent reads the other agents' cards (seconds).
+POLL = 0.25
+#: How long a joined agent waits for the cards of the round's other participants (published before joining).
+CARDS_WAIT = 10.0
+#: Default of --rdzv-conf connect_timeout: how long a refused endpoint is waited on (the host agent may be late).
+CONNECT_TIMEOUT = 30
+#: How long an agent that found a disagreement keeps its store up before it raises (the others read it).
+LINGER = 2.0
+
+
+def handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """The ``torchrun.handlers`` entry point: torch calls this and registers what it returns as ``distinit``."""
+    return create_handler
+
+
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """A :class:`DistinitRendezvousHandler` for ``params`` (torchrun's ``--rdzv-*`` flags and ``--rdzv-conf``).
+
+    Accepts every ``--rdzv-conf`` key of torch's c10d backend, plus ``connect_timeout`` (seconds a refused
+    endpoint is waited on, default 30) and ``shared_endpoint`` (1: several jobs share the endpoint on purpose).
+
+    Raises:
+        AgentRendezvousConnectionError: the endpoint is unusable; the message says why.
+    """
+    if (params.get("store_type", "tcp") or "tcp").strip().lower() != "tcp":
+        backend, store = create_backend(params)  # a FileStore: nothing to probe
+    else:
+        store, _ = open_store(
+            params.endpoint,
+            configured_host=params.get_as_bool("is_host"),
+            read_timeout=params.get_as_int("read_timeout", 60) or 60,
+            refused_for=float(params.get_as_int("connect_timeout", CONNECT_TIMEOUT) or CONNECT_TIMEOUT),
+            max_nodes=params.max_nodes,
+        )
+        backend = C10dRendezvousBackend(store, params.run_id)
+    inner = dynamic_rendezvous.create_handler(store, backend, params)
+    node = getattr(getattr(inner, "_this_node", None), "addr", None) or params.local_addr or socket.getfqdn()
+    nproc, max_restarts = launch_flags()
+    card = local_card(
+        run_id=params.run_id,
+        node=node,
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        nproc_per_node=nproc,
+        max_restarts=max_restarts,
+    )
+    endpoint_host = params.endpoint.rpartition(":")[0] or params.endpoint
+    if params.max_nodes > 1 and not all(is_loopback(ip) for ip in resolve(endpoint_host)):
+        _warn_loopback_node(node)  # an endpoint on loopback means one machine: loopback is fine there
+    return DistinitRendezvousHandler(
+        inner,
+        store,
+        card,
+        endpoint=params.endpoint if ":" in params.endpoint else f"{params.endpoint}:{DEFAULT_PORT}",
+        shared_endpoint=bool(params.get_as_bool("shared_endpoint", False)),
+        beat_interval=float(params.get_as_int("keep_alive_interval", 5) or 5),
+    )
+
+
+def _warn_loopback_node(node: str) -> None:
+    addresses = resolve(node)
+    if addresses and all(is_loopback(ip) for ip in addresses):
+        logger.warning(
+            "this agent's node address %r resolves to %s (loopback): if it becomes rank 0, workers on other nodes "
+            "get MASTER_ADDR=%r and connect to themselves; pass --local-addr=<an IP the other nodes reach>",
+            node,
+            ", ".join(addresses),
+            node,
+            extra={"distinit": {"event": "rendezvous.loopback_node", "node": node}},
+        )
+
+
+class DistinitRendezvousHandler(RendezvousHandler):
+    """torch's dynamic rendezvous handler with a pre-flight, a config consensus and explained failures."""
+
+    __module__ = "distinit.rendezvous"  # its public home
+
+    def __init__(
+        self,
+        inner: dynamic_rendezvous.DynamicRendezvousHandler,
+        store: Store,
+        card: AgentCard,
+        *,
+        endpoint: str,
+        shared_endpoint: bool,
+        beat_interval: float,
+    ) -> None:
+        self._inner = inner
+        self._store = store
+        self._card = card
+        self._endpoint = endpoint
+        self._shared_endpoint = shared_endpoint
+        self._beat_interval = beat_interval
+        self._index: int | None = None
+        self._cards: dict[int, AgentCard] = {}
+        self._beats: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+        self._abandoned: threading.Thread | None = None
+        self._rounds = 0
+        self._previous: tuple[str, ...] = ()
+        self._warned: set[str] = set()
+
+    # -- torch's RendezvousHandler API -------------------------------------------------------------------------
+
+    def get_backend(self) -> str:
+        """``"distinit"``."""
+        return "distinit"
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Whether workers reuse the agent's store (torch's choice, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``)."""
+        return bool(self._inner.use_agent_store)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round; raise a named error at once on a disagreement, or an explained one at the end.
+
+        Raises:
+            AgentConfigMismatchError: agents disagree on a flag, a version or ``--rdzv-id``.
+            AgentRendezvousTimeoutError: ``join_timeout`` passed; names who joined, who stopped, who never came.
+            AgentRendezvousClosedError: another agent closed the rendezvous.
+            AgentRendezvousConnectionError: the store became unreachable.
+        """
+        self._log_round()
+        self._publish("waiting")
+        self._start_beats()
+        box: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                box["info"] = self._inner.next_rendezvous()
+            except BaseException as exc:  # handed to the caller's thread below
+                box["error"] = exc
+
+        start = time.monotonic()
+        thread = threading.Thread(target=join, name="distinit-rendezvous-join", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(POLL)
+            self._refresh()
+            fatal = [d for d in disagreements(self._watched(), shared_endpoint=self._shared_endpoint) if d.fatal]
+            if fatal:
+                self._abandoned = thread  # torch's join ends at its own deadline; this agent leaves now
+                # The store may live in this agent: stay a moment so the others read the same cards (this
+                # card stays "waiting", so another job's agents still count it).
+                time.sleep(LINGER)
+                raise self._mismatch(fatal)
+        waited = time.monotonic() - start
+        if "error" in box:
+            self._fail(box["error"], waited)
+        info: RendezvousInfo = box["info"]
+        self._check_round()
+        self._rounds += 1
+        self._publish("joined")
+        return info
+
+    def is_closed(self) -> bool:
+        """See torch's ``RendezvousHandler.is_closed``."""
+        return bool(self._inner.is_closed())
+
+    def set_closed(self) -> None:
+        """See torch's ``RendezvousHandler.set_closed``."""
+        self._inner.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        """See torch's ``RendezvousHandler.num_nodes_waiting`` (called by the agent while its workers run).
+
+        Raises:
+            AgentRendezvousConnectionError: the store stopped answering (the agent hosting it went away).
+        """
+        try:
+            return int(self._inner.num_nodes_waiting())
+        except RendezvousConnectionError as exc:
+            raise connection_error(
+                "lost",
+                f"the rendezvous store at {self._endpoint} stopped answering while this agent ({self._card.label}) "
+                f"ran round {self._card.round}.",
+                why="the agent hosting the store (on the endpoint's node) exited or was killed: with the c10d store "
+                "the job cannot outlive that agent",
+                fix="look at the torchrun log on the endpoint's node for why it stopped; keep that node up for the "
+                f"whole job; see {DOCS}",
+                master=self._endpoint,
+            ) from exc
+
+    def get_run_id(self) -> str:
+        """See torch's ``RendezvousHandler.get_run_id``."""
+        return str(self._inner.get_run_id())
+
+    def shutdown(self) -> bool:
+        """Stop the heart-beat and close torch's rendezvous (not when a join was abandoned: it ends on its own)."""
+        self._stop.set()
+        if self._abandoned is not None and self._abandoned.is_alive():
+            return True
+        return bool(self._inner.shutdown())
+
+    # -- cards and heart-beats ---------------------------------------------------------------------------------
+
+    def _publish(self, status: str) -> None:
+        state = getattr(getattr(self._inner, "_state_holder", None), "state", None)
+        round_ = int(getattr(state, "round", 0) or 0)
+        self._card = AgentCard.model_validate({**self._card.model_dump(), "status": status, "round": round_})
+        try:
+            if self._index is None:
+                self._index = int(self._store.add(f"{PREFIX}/count", 1))
+            self._store.set(f"{PREFIX}/card/{self._index}", self._card.model_dump_json())
+            self._store.set(f"{PREFIX}/beat/{self._index}", str(time.time()))
+        except (RuntimeError, ValueError) as exc:  # the consensus is best effort; torch's join reports the store
+            logger.debug("could not publish this agent's card: %s", exc)
+
+    def _start_beats(self) -> None:
+        if self._beater is not None or self._index is None:
+            return
+        key = f"{PREFIX}/beat/{self._index}"
+
+        def beat() -> None:
+            while not self._stop.wait(self._beat_interval):
+                try:
+                    self._store.set(key, str(time.time()))
+                except (RuntimeError, ValueError) as exc:  # torch's keep-alive reports a lost store
+                    logger.debug("heart-beat to the rendezvous store failed: %s", exc)
+
+        self._beater = threading.Thread(target=beat, name="distinit-rendezvous-beat", daemon=True)
+        self._beater.start()
+
+    def _refresh(self) -> None:
+        """Read every card and heart-beat on the store (JSON only; a card that does not validate is skipped)."""
+        try:
+            count = int(self._store.add(f"{PREFIX}/count", 0))
+            indices = [i for i in range(1, count + 1) if i != self._index]
+            keys = [f"{PREFIX}/card/{i}" for i in indices] + [f"{PREFIX}/beat/{i}" for i in indices]
+            present = [i for i in indices if self._store.check([f"{PREFIX}/card/{i}", f"{PREFIX}/beat/{i}"])]
+            if not present:
+                return
+            keys = [f"{PREFIX}/card/{i}" for i in present] + [f"{PREFIX}/beat/{i}" for i in present]
+            values = self._store.multi_get(keys)
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("could not read the other agents' cards: %s", exc)
+            return
+        for n, index in enumerate(present):
+            try:
+                self._cards[index] = AgentCard.model_validate(json.loads(values[n]))
+                self._beats[index] = float(values[len(present) + n])
+            except (ValueError, ValidationError, UnicodeDecodeError) as exc:
+                logger.debug("skipping agent card %d on the store: %s", index, exc)
+
+    def _fresh(self, index: int) -> bool:
+        return self._beats.get(index, 0.0) >= time.time() - 3 * self._beat_interval
+
+    def _watched(self) -> list[AgentCard]:
+        """This agent, its job's agents, and other jobs' live waiting agents (for the ``--rdzv-id`` check)."""
+        mine = self._card.run_id
+        cards = [self._card]
+        for index, card in self._cards.items():
+            if card.run_id == mine or (card.status == "waiting" and self._fresh(index)):
+                cards.append(card)
+        return cards
+
+    def _job_cards(self) -> list[AgentCard]:
+        return [self._card, *(card for card in self._cards.values() if card.run_id == self._card.run_id)]
+
+    # -- verdicts ----------------------------------------------------------------------------------------------
+
+    def _mismatch(self, found: list[Disagreement]) -> AgentConfigMismatchError:
+        first = found[0]
+        lines = [
+            f"the agents of rendezvous {self._card.run_id!r} at {self._endpoint} disagree; this agent: "
+            f"{self._card.label}."
+        ]
+        lines.extend(f"  {d.describe()}" for d in found[:6])
+        if first.field == "--rdzv-id":
+            why = "two jobs wait on one endpoint: each agent only joins agents with its own --rdzv-id"
+            fix = "pass the same --rdzv-id on every node (or --rdzv-conf shared_endpoint=1 if both jobs are meant)"
+        elif first.field in ("torch", "python", "distinit"):
+            why = f"the nodes run different {first.field} versions (different images or environments)"
+            fix = f"install the same {first.field} on every node"
+        else:
+            why = f"the nodes were started with different {first.field} (e.g. a per-node script or variable)"
+            fix = f"pass the same {first.field} to torchrun on every node"
+        exc = AgentConfigMismatchError("\n".join(lines), why=why, fix=fix, master=self._endpoint)
+        exc.field = first.field
+        return exc
+
+    def _check_round(self) -> None:
+        """After a round formed: every participant's card agrees with ours, the same verdict on every agent."""
+        participants = tuple(repr(node) for node in self._state().participants)
+        deadline = time.monotonic() + CARDS_WAIT
+        while True:
+            cards = [card for card in self._job_cards() if _is_participant(card, participants)]
+            if len(cards) >= len(participants) or time.monotonic() > deadline:
+                break
+            time.sleep(POLL)
+            self._refresh()
+        found = disagreements(cards)
+        fatal = [d for d in found if d.fatal]
+        if fatal:
+            self._publish("failed")
+            raise self._mismatch(fatal)
+        for d in found:
+            self._warn_once(d.field, "agents of %r differ: %s", self._card.run_id, d.describe())
+        for labels in _shared_machines(cards):
+            self._warn_once(
+                "machine",
+                "agents %s run on one machine (same boot_id and network namespace) as different nodes: fine for a "
+                "test, but on a cluster it usually means torchrun was started twice on one node",
+                ", ".join(labels),
+            )
+        self._previous = participants
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        logger.warning(message, *args, extra={"distinit": {"event": "rendezvous.note", "about": key}})
+
+    def _log_round(self) -> None:
+        if self._rounds == 0:
+            return
+        waiting = self.num_nodes_waiting()
+        reason = (
+            f"{waiting} node(s) asked to join (scale-up)"
+            if waiting
+            else "the worker group failed or a node left (see the agent log above for the failed rank)"
+        )
+        logger.warning(
+            "rendezvous %r: re-rendezvous after round %d (%d node(s)) ended: %s; restart %d of --max-restarts=%s",
+            self._card.run_id,
+            self._card.round,
+            len(self._previous),
+            reason,
+            self._rounds,
+            self._card.max_restarts if self._card.max_restarts is not None else "?",
+            extra={"distinit": {"event": "rendezvous.restart", "round": self._card.round, "restart": self._rounds}},
+        )
+
+    def _state(self) -> Any:
+        return self._inner._state_holder.state
+
+    def _fail(self, error: BaseException, waited: float) -> None:
+        self._refresh()
+        if isinstance(error, RendezvousTimeoutError):
+            self._publish("failed")
+            state = self._state()
+            cards = self._job_cards()
+            index_of = {id(card): i for i, card in self._cards.items()}
+            beats = {n: self._beats.get(index_of.get(id(card), -1), time.time()) for n, card in enumerate(cards)}
+            beats[0] = time.time()
+            snap = Snapshot(
+                run_id=self._card.run_id,
+                endpoint=self._endpoint,
+                round=int(state.round),
+                min_nodes=self._card.min_nodes,
+                max_nodes=self._card.max_nodes,
+                participants=tuple(repr(node) for node in state.participants),
+                wait_list=tuple(repr(node) for node in state.wait_list),
+                waited=waited,
+                join_timeout=self._inner.settings.timeout.join.total_seconds(),
+                cards=tuple(cards),
+                beats=beats,
+                beat_interval=self._beat_interval,
+                now=time.time(),
+            )
+            raise explain_timeout(snap) from error
+        if isinstance(error, RendezvousClosedError):
+            raise explain_closed(
+                self._card.run_id, self._endpoint, int(self._state().round), self._job_cards()
+            ) from error
+        if isinstance(error, RendezvousConnectionError):
+            fatal = [d for d in disagreements(self._watched(), shared_endpoint=self._shared_endpoint) if d.fatal]
+            if fatal:  # the agent hosting the store found it first and left
+                raise self._mismatch(fatal) from error
+            host, _, port = self._endpoint.rpartition(":")
+            try:
+                wait_for_store(host, int(port), resolve(host), refused_for=0.0)
+            except RendezvousConnectionError as verdict:
+                raise verdict from error
+        raise error
+
+
+def _is_participant(card: AgentCard, participants: tuple[str, ...]) -> bool:
+    return any(node.startswith(f"{card.node}_{card.pid}_") for node in participants)

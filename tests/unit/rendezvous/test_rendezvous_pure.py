@@ -1,0 +1,138 @@
+"""The torchrun handler's pure parts: the host decision, the agents' disagreements, the explained timeout."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+import distinit
+from distinit.rendezvous import AgentConfigMismatchError, AgentRendezvousTimeoutError
+from distinit.rendezvous._card import AgentCard, disagreements, env_digest, launch_flags, shared_machines
+from distinit.rendezvous._endpoint import decide_host
+from distinit.rendezvous._errors import AgentRendezvousConnectionError
+from distinit.rendezvous._explain import Snapshot, explain_timeout
+
+
+def card(pid: int, **changes: object) -> AgentCard:
+    base: dict[str, object] = {
+        "run_id": "job",
+        "node": f"node{pid}",
+        "pid": pid,
+        "hostname": f"host{pid}",
+        "boot_id": f"boot{pid}",
+        "netns": 1,
+        "torch": "2.13.0",
+        "python": "3.11.9",
+        "distinit": "0.1.0",
+        "min_nodes": 2,
+        "max_nodes": 2,
+        "nproc_per_node": 4,
+        "max_restarts": 0,
+        "started": 1000.0,
+    }
+    return AgentCard.model_validate({**base, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        pytest.param({"max_nodes": 3, "min_nodes": 3}, "--nnodes", id="nnodes"),
+        pytest.param({"nproc_per_node": 8}, "--nproc-per-node", id="nproc"),
+        pytest.param({"max_restarts": 3}, "--max-restarts", id="max-restarts"),
+        pytest.param({"torch": "2.12.0"}, "torch", id="torch"),
+        pytest.param({"python": "3.10.1"}, "python", id="python"),
+        pytest.param({"run_id": "other"}, "--rdzv-id", id="rdzv-id"),
+    ],
+)
+def test_a_disagreement_is_named(changes: dict[str, object], field: str) -> None:
+    found = [d for d in disagreements([card(1), card(2, **changes)]) if d.fatal]
+    assert [d.field for d in found] == [field]
+    assert "host1 pid 1" in found[0].describe() and "host2 pid 2" in found[0].describe()
+
+
+def test_agreeing_agents_and_unknown_flags_do_not_disagree() -> None:
+    assert disagreements([card(1), card(2, nproc_per_node=None, python="3.11.2")]) == []
+
+
+def test_shared_endpoint_allows_two_jobs_and_finished_jobs_never_count() -> None:
+    assert not disagreements([card(1), card(2, run_id="other")], shared_endpoint=True)
+    assert not disagreements([card(1), card(2, run_id="other", status="joined")])
+
+
+def test_environment_differences_are_a_warning_without_values() -> None:
+    digest = env_digest({"NCCL_SOCKET_IFNAME": "eth0", "HOME": "/root"})
+    assert list(digest) == ["NCCL_SOCKET_IFNAME"] and "eth0" not in digest["NCCL_SOCKET_IFNAME"]
+    found = disagreements([card(1, env=digest), card(2, env=env_digest({"NCCL_SOCKET_IFNAME": "ib0"}))])
+    assert [(d.field, d.fatal) for d in found] == [("environment", False)]
+
+
+def test_two_agents_on_one_machine_are_noted() -> None:
+    assert shared_machines([card(1), card(2, boot_id="boot1"), card(3)]) == [("host1 pid 1", "host2 pid 2")]
+
+
+def test_launch_flags_read_torchrun_s_command_line() -> None:
+    argv = ["--nnodes=2", "--nproc-per-node=3", "--max-restarts=2", "train.py", "--lr", "1"]
+    assert launch_flags(argv) == (3, 2)
+    assert launch_flags(["--no-such-flag"]) == (None, None)
+
+
+def test_host_decision_names_what_it_compared() -> None:
+    local = {"10.0.0.5"}
+    decision = decide_host(
+        "alias", ("10.0.0.5",), configured=None, torch_match=False, this_host="n1", binds=local.__contains__
+    )
+    assert decision.host and not decision.torch_says
+    assert "'alias'" in decision.evidence and "10.0.0.5" in decision.evidence and "is_host=1" in decision.evidence
+    other = decide_host(
+        "n2", ("10.0.0.6",), configured=None, torch_match=False, this_host="n1", binds=local.__contains__
+    )
+    assert not other.host and "'n1'" in other.evidence
+    loop = decide_host("n2", ("127.0.1.1",), configured=None, torch_match=False, this_host="n1", binds=lambda _: True)
+    assert not loop.host  # a loopback address binds everywhere: never proof of being the host
+    forced = decide_host("n2", (), configured=True, torch_match=False, this_host="n1", binds=local.__contains__)
+    assert forced.host and "is_host=1" in forced.evidence
+
+
+def _snapshot(**changes: object) -> Snapshot:
+    base: dict[str, object] = {
+        "run_id": "job",
+        "endpoint": "n1:29400",
+        "round": 1,
+        "min_nodes": 2,
+        "max_nodes": 2,
+        "participants": ("node1_1_0",),
+        "wait_list": (),
+        "waited": 10.2,
+        "join_timeout": 10.0,
+        "cards": (card(1),),
+        "beats": {0: 1100.0},
+        "now": 1100.0,
+    }
+    return Snapshot(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_timeout_names_the_node_that_never_came() -> None:
+    exc = explain_timeout(_snapshot())
+    text = str(exc)
+    assert "1 of --nnodes=2 agents came" in text and "host1 pid 1" in text and "round 1" in text
+    assert "never started torchrun" in exc.why and "join_timeout" in exc.fix and "distinit doctor" in exc.fix
+    assert len(text.splitlines()) <= 20
+
+
+def test_timeout_names_the_agent_that_stopped() -> None:
+    exc = explain_timeout(_snapshot(cards=(card(1), card(2)), beats={0: 1100.0, 1: 1050.0}))
+    assert "seen, then stopped heart-beating: host2 pid 2" in str(exc)
+    assert "host2" in exc.why and exc.lost == ("host2 pid 2",)
+
+
+def test_errors_are_torch_s_and_ours_and_pickle() -> None:
+    exc = explain_timeout(_snapshot())
+    assert isinstance(exc, RendezvousTimeoutError) and isinstance(exc, distinit.DistinitError)
+    assert isinstance(AgentRendezvousConnectionError("x"), RendezvousConnectionError)
+    for err in (exc, AgentConfigMismatchError("what", why="w", fix="f")):
+        for clone in (pickle.loads(pickle.dumps(err)), copy.copy(err)):
+            assert type(clone) is type(err) and str(clone) == str(err)
+    assert type(exc).__module__ == "distinit.rendezvous" and isinstance(exc, AgentRendezvousTimeoutError)
