@@ -153,6 +153,7 @@ class FileTimerClient:
         self._prefix = b""
         self._stack: IO[bytes] | None = None
         self._stack_path = ""
+        self._stack_pid = -1
         self._cleanup: Callable[[], None] = lambda: None
         self._warned = False
         self._retry_at = 0.0  # fail_open: no new attempt to open the FIFO before this (monotonic)
@@ -227,7 +228,7 @@ class FileTimerClient:
         except (OSError, ValueError, RuntimeError) as exc:
             logger.debug("watchdog: no stack dumps for pid %d: %s", os.getpid(), exc)
             return
-        self._stack_path = path
+        self._stack_path, self._stack_pid = path, os.getpid()
         self._cleanup = functools.partial(_remove_quietly, path)
         atexit.register(self._cleanup)
 
@@ -235,15 +236,15 @@ class FileTimerClient:
         stack, self._stack = self._stack, None
         if stack is None:
             return
-        if self._pid == os.getpid():  # a forked child's handler is its own; the parent's file is the parent's
-            faulthandler.unregister(DUMP_SIGNAL)
-            atexit.unregister(self._cleanup)
+        faulthandler.unregister(DUMP_SIGNAL)
+        atexit.unregister(self._cleanup)
+        if self._stack_pid == os.getpid():  # after a fork the file is the parent's, still in use: keep it
             _remove_quietly(self._stack_path)
         with contextlib.suppress(OSError):
             stack.close()
 
     def _write(self, line: bytes) -> None:
-        if len(line) > MAX_LINE_BYTES:
+        if len(line) - 1 > MAX_LINE_BYTES:  # torch's limit, on the JSON without its newline
             raise RuntimeError(
                 f"FileTimerRequest larger than {MAX_LINE_BYTES} bytes is not supported: {line[:200]!r}..."
             )

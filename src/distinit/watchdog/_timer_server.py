@@ -352,7 +352,7 @@ class FileTimerServer:
             if self._skipping:  # the rest of an oversized line
                 self._skipping = False
                 continue
-            if len(line) >= MAX_LINE_BYTES:
+            if len(line) > MAX_LINE_BYTES:  # torch's client sends up to PIPE_BUF bytes before the newline
                 self._reject(f"a line of {len(line)} bytes (limit {MAX_LINE_BYTES})")
                 continue
             if not line.strip():
@@ -362,7 +362,7 @@ class FileTimerServer:
                 self._reject(parsed)
             else:
                 requests.append(parsed)
-        if len(self._pending) >= MAX_LINE_BYTES:
+        if len(self._pending) > MAX_LINE_BYTES:
             self._reject(f"a line of more than {MAX_LINE_BYTES} bytes")
             self._pending, self._skipping = b"", True
 
@@ -398,7 +398,8 @@ class FileTimerServer:
         gone = {pid for pid in pids if pid in worker_pids or not self.is_process_running(pid)}
         for key in [key for key in self._timers if key[0] in gone]:
             del self._timers[key]
-        for pid in [p for p in self._procs if not any(k[0] == p for k in self._timers)]:
+        armed = {pid for pid, _ in self._timers}
+        for pid in [p for p in self._procs if p not in armed]:
             ref = self._procs.pop(pid)
             if ref is not None:
                 ref.close()

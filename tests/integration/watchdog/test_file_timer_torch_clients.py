@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -22,7 +23,9 @@ from pathlib import Path
 import pytest
 from wd_helpers import Workers, expired_for, read_events, read_json_line, torchrun_path, wait_for
 
-from distinit.watchdog.elastic import FileTimerServer
+from distinit.watchdog._proc import start_time
+from distinit.watchdog._timer_client import stack_path
+from distinit.watchdog.elastic import FileTimerClient, FileTimerServer
 
 FT_WORKER = str(Path(__file__).with_name("ft_worker.py"))
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
@@ -161,7 +164,9 @@ def test_hostile_fifo_writes_never_stop_the_daemon_nor_kill_what_they_name(
 # the server must not signal the bystander when the dead worker's timer expires.
 PID_REUSE = """
 import json, os, signal, subprocess, sys, time
-from distinit.watchdog.elastic import FileTimerServer
+from distinit.watchdog._proc import start_time
+from distinit.watchdog._timer_client import stack_path
+from distinit.watchdog.elastic import FileTimerClient, FileTimerServer
 
 fifo, events, worker_script = sys.argv[1], sys.argv[2], sys.argv[3]
 server = FileTimerServer(fifo, "reuse", max_interval=1.0, events=events)
@@ -270,3 +275,28 @@ def test_under_torchrun_the_daemon_takes_the_agents_place(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(daemon, signal.SIGTERM)
+
+
+def _acquire_in_child(client: object) -> None:
+    assert isinstance(client, FileTimerClient)
+    client.acquire("child", time.time() + 60)
+    client.release("child")
+    client.close()
+
+
+def test_a_client_used_after_fork_dumps_into_its_own_file_and_leaves_the_parents(
+    server: FileTimerServer, fifo: str
+) -> None:
+    client = FileTimerClient(fifo)
+    client.acquire("parent", time.time() + 60)
+    ours = stack_path(fifo, os.getpid(), start_time(os.getpid()) or 0)
+    assert os.path.exists(ours)
+    child = mp.get_context("fork").Process(target=_acquire_in_child, args=(client,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert os.path.exists(ours)  # the child's close removed its own stack file, not this process's
+    assert not [p for p in os.listdir(os.path.dirname(fifo)) if p.startswith(f"timer.fifo.{child.pid}.")]
+    client.release("parent")
+    client.close()
+    assert not os.path.exists(ours)
