@@ -203,8 +203,14 @@ def open_store(
         this_host=socket.gethostname(),
         binds=binds,
     )
-    logger.info(
-        "rendezvous endpoint %s:%d: %s", host, port, decision.evidence, extra={"distinit": {"event": "rendezvous.host"}}
+    # WARNING when distinit decides otherwise than torch would: that is the fix c10d users need.
+    logger.log(
+        logging.WARNING if decision.host != decision.torch_says else logging.INFO,
+        "rendezvous endpoint %s:%d: %s",
+        host,
+        port,
+        decision.evidence,
+        extra={"distinit": {"event": "rendezvous.host", "host": decision.host}},
     )
     timeout = timedelta(seconds=read_timeout)
     if decision.host:
