@@ -30,6 +30,9 @@ class Progress:
         heading = "local checks of this rank" if self.lines == 0 else None
         if check.id == "world":
             heading = "the world did not form (the checks above are this rank's; each rank prints its own line)"
+            merged = check.evidence.get("merged_ranks")
+            if merged:
+                heading = f"the world did not form; the local checks of the {len(merged)} rank(s) that answered, merged"
             if check.status == "pass":
                 heading = "the world (every rank's local checks merged, then the world checks)"
             elif check.summary.startswith("skipped"):

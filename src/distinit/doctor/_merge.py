@@ -7,6 +7,7 @@ from typing import Any
 
 from distinit._identity import NodeLayout
 from distinit.doctor._model import LOCAL_IDS, Check, worst
+from distinit.doctor._peer import PeerLocal
 from distinit.doctor._reach import FULL_MESH_HOSTS, SAMPLED_PEERS
 
 #: Ranks quoted by name in one merged summary.
@@ -22,6 +23,11 @@ def _merge_one(check_id: str, checks: Mapping[int, Check], host_of: Mapping[int,
     bad = {r: c for r, c in sorted(checks.items()) if c.status == status}
     quoted = "; ".join(f"rank {r} ({host_of.get(r, '?')}): {c.summary}" for r, c in list(bad.items())[:QUOTED])
     more = f"; and {len(bad) - QUOTED} more rank(s)" if len(bad) > QUOTED else ""
+    if len(bad) > 1 and len({c.summary for c in bad.values()}) == 1:  # one cause on many ranks: said once
+        hosts = list(dict.fromkeys(host_of.get(r, "?") for r in bad))
+        shown = f"{', '.join(hosts[:QUOTED])}{f' and {len(hosts) - QUOTED} more' if len(hosts) > QUOTED else ''}"
+        ranks = f"{list(bad)[: 2 * QUOTED]}{f' and {len(bad) - 2 * QUOTED} more' if len(bad) > 2 * QUOTED else ''}"
+        quoted, more = f"ranks {ranks} ({shown}): {bad[min(bad)].summary}", ""
     return Check(
         id=check_id,
         status=status,
@@ -55,11 +61,26 @@ def follows_from(world: Check, local: Sequence[Check]) -> Check:
             return Check(
                 id="world",
                 status="skip",
-                summary=f"did not form, because of the {check_id} failure above: {world.summary}",
+                summary=f"did not form, because of the {check_id} failure: {world.summary}",
                 ranks=world.ranks,
                 evidence={**world.evidence, "caused_by": check_id, "summary": world.summary, "fix": world.fix},
             )
     return world
+
+
+def unformed_world(world: Check, shared: Mapping[int, PeerLocal | str]) -> list[Check]:
+    """Rank 0's report when the world did not form: ``world``, then every answering rank's local checks merged.
+
+    The local checks come from :func:`distinit.doctor._postmortem.share_local`. A rank that sent something
+    unusable is named in ``world``'s evidence (``merged_ranks`` lists the ranks merged).
+    """
+    usable = {r: p for r, p in shared.items() if isinstance(p, PeerLocal)}
+    host_of = {r: p.host for r, p in usable.items()}
+    merged = merge_local({r: [c.model_dump(mode="json") for c in p.local] for r, p in usable.items()}, host_of=host_of)
+    unusable = {str(r): why for r, why in shared.items() if isinstance(why, str)}
+    evidence = {**world.evidence, "merged_ranks": sorted(usable), "unusable_local_checks": unusable}
+    shown = Check.model_validate({**world.model_dump(), "evidence": evidence})
+    return [shown, *merged]
 
 
 def merge_local(per_rank: Mapping[int, Sequence[Mapping[str, Any]]], *, host_of: Mapping[int, str]) -> list[Check]:

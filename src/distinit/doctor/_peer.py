@@ -32,6 +32,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _check_locals(local: tuple[Check, ...]) -> None:
+    """Raise ValueError for a local check with an unknown id or an oversized text."""
+    for check in local:
+        if check.id not in LOCAL_IDS or len(check.summary) > TEXT_CHARS or len(check.fix or "") > TEXT_CHARS:
+            raise ValueError(f"local check {check.id[:40]!r}: not a local check id, or its text is too long")
+
+
 class PeerFacts(_Strict):
     """A rank's versions, backends and NCCL_*/GLOO_*/TORCH_* variables (``consensus``)."""
 
@@ -57,9 +64,7 @@ class PeerDocument(_Strict):
         long = [f for f in fields if len(getattr(identity, f) or "") > NAME_CHARS]
         if long:
             raise ValueError(f"claim.identity.{long[0]} is longer than {NAME_CHARS} characters")
-        for check in self.local:
-            if check.id not in LOCAL_IDS or len(check.summary) > TEXT_CHARS or len(check.fix or "") > TEXT_CHARS:
-                raise ValueError(f"local check {check.id[:40]!r}: not a local check id, or its text is too long")
+        _check_locals(self.local)
         return self
 
 
@@ -123,3 +128,27 @@ def peer_failure(bad: dict[int, str], *, host_of: dict[int, str]) -> Check:
         hosts=tuple(dict.fromkeys(host_of.get(r, "?") for r in sorted(bad))),
         evidence=evidence,
     )
+
+
+class PeerLocal(_Strict):
+    """A rank's local checks, sent to rank 0 when the world did not form (see ``_postmortem``)."""
+
+    rank: int = Field(ge=0)
+    host: Name
+    local: tuple[Check, ...] = Field(max_length=len(LOCAL_IDS))
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "PeerLocal":
+        _check_locals(self.local)
+        return self
+
+
+def parse_local(raw: bytes, *, rank: int) -> PeerLocal | str:
+    """Rank ``rank``'s local checks as :class:`PeerLocal`, or why they are not (size, shape, another rank)."""
+    if len(raw) > 1 << 20:
+        return f"sent {len(raw)} bytes of local checks (limit {1 << 20})"
+    try:
+        found = PeerLocal.model_validate_json(raw)
+    except ValidationError as exc:
+        return f"sent local checks that do not validate: {_why(exc)}"
+    return found if found.rank == rank else f"sent the local checks of rank {found.rank}"

@@ -14,9 +14,10 @@ from distinit._identity import local_identity
 from distinit.doctor._consensus import local_facts
 from distinit.doctor._listener import Listener, gloo_address
 from distinit.doctor._local import check_env, run_local
-from distinit.doctor._merge import follows_from
+from distinit.doctor._merge import follows_from, unformed_world
 from distinit.doctor._model import ALL_IDS, WORLD_IDS, Check, DoctorReport, OnCheck, make_report
 from distinit.doctor._nccl import local_device
+from distinit.doctor._postmortem import SHARE_S, share_local
 from distinit.doctor._world import claim_of, form_world, leave_world, skipped, world_checks
 from distinit.env import DistEnv
 
@@ -71,10 +72,14 @@ def _world(
 
     def failed(world: Check, why: str) -> list[Check]:
         rest = skipped(world_ids(bandwidth=options.bandwidth, nccl=options.nccl)[1:], why)
-        return [*local, *_tell(on_check, [follows_from(world, local), *rest])]
+        world = follows_from(world, local)
+        shared = share_local(env, local, host=identity.hostname, timeout=min(SHARE_S, budget()))
+        if shared is None:  # a rank other than 0, or nothing to merge: this rank's own checks
+            return [*local, *_tell(on_check, [world, *rest])]
+        return _tell(on_check, [*unformed_world(world, shared), *rest])
 
-    reserve = min(RESERVE_CAP, RESERVE_SHARE * budget())
     identity = local_identity(environ)
+    reserve = min(RESERVE_CAP, RESERVE_SHARE * budget())
     listener = Listener(gloo_address(environ, identity.hostname))
     checks: list[Check] = []
     try:

@@ -106,8 +106,11 @@ def test_a_bad_interface_at_world_four_is_one_failure_in_few_short_lines(port: i
     lines = [line for text in texts for line in text.splitlines()]
     assert len(lines) <= 40, "\n".join(lines)
     assert max(len(line) for line in lines) <= LINE_CHARS, max(lines, key=len)
-    assert [line.split()[:2] for line in lines if line.startswith("  FAIL")] == [["FAIL", "route"]], texts[0]
-    assert "world      did not form, because of the route failure above" in texts[0]
+    # rank 0's own route line, then the merged one: the same single cause
+    assert [line.split()[:2] for line in lines if line.startswith("  FAIL")] == [["FAIL", "route"]] * 2, texts[0]
+    assert "world      did not form, because of the route failure: RendezvousError" in texts[0]
+    # the world did not form, yet rank 0 merged every rank's local checks: one failure naming all four
+    assert "  FAIL  route      ranks [0, 1, 2, 3] (" in texts[0], texts[0]
     assert texts[0].splitlines()[-1].startswith("verdict: FAILED (1 failed: route) in ")
     for rank, text in enumerate(texts[1:], start=1):
         assert text.count("\n") == 1 and text.startswith(f"distinit doctor: rank {rank} ("), text

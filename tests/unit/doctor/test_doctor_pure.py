@@ -115,7 +115,10 @@ def test_merge_local_keeps_the_worst_and_names_its_ranks() -> None:
     bad = Check(id="shm", status="fail", summary="1 MiB", fix="enlarge").model_dump(mode="json")
     (merged,) = merge_local({0: [ok], 1: [bad], 2: [ok], 3: [bad]}, host_of={1: "b", 3: "d"})
     assert merged.status == "fail" and merged.ranks == (1, 3) and merged.hosts == ("b", "d")
-    assert merged.summary == "rank 1 (b): 1 MiB; rank 3 (d): 1 MiB" and merged.fix == "enlarge"
+    assert merged.summary == "ranks [1, 3] (b, d): 1 MiB" and merged.fix == "enlarge"  # one cause, said once
+    other = Check(id="shm", status="fail", summary="2 MiB", fix="enlarge").model_dump(mode="json")
+    (mixed,) = merge_local({0: [ok], 1: [bad], 3: [other]}, host_of={1: "b", 3: "d"})
+    assert mixed.summary == "rank 1 (b): 1 MiB; rank 3 (d): 2 MiB"
     (clean,) = merge_local({0: [ok], 1: [ok]}, host_of={})
     assert clean.status == "pass" and clean.summary == "all ranks: fine"
 

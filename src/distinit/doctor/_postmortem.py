@@ -1,0 +1,64 @@
+"""When the world does not form: every rank's local checks to rank 0 through a store of its own, bounded.
+
+A world that does not form still has ranks that know what is wrong with their host. Rank 0 hosts a TCPStore
+on ``MASTER_ADDR:MASTER_PORT`` (the rendezvous gave it up) for at most :data:`SHARE_S` seconds; every other
+rank connects (bounded, through init's own helpers), leaves its local checks under its key and waits for
+rank 0's ``merged`` key, so that a launcher that stops every task at the first failure (torchrun) does not
+stop rank 0 before it printed. Rank 0 validates what each rank sent (:mod:`distinit.doctor._peer`) and
+prints them merged. Best effort: a rank that cannot reach rank 0 (which may be the very fault) gives up
+after the bound and prints its own line, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from datetime import timedelta
+
+from distinit.doctor._model import Check
+from distinit.doctor._peer import NAME_CHARS, PeerLocal, parse_local
+from distinit.env import DistEnv
+
+logger = logging.getLogger("distinit.doctor")
+
+#: The longest the exchange may take, on any rank.
+SHARE_S = 3.0
+_KEY = "distinit-doctor/local/{rank}"
+_MERGED = "distinit-doctor/merged"
+
+
+def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) -> dict[int, PeerLocal | str] | None:
+    """Send this rank's ``local`` checks to rank 0; on rank 0, return every rank's (or why it is unusable).
+
+    Returns None on every rank but 0, and on rank 0 when there is nothing to merge (a world of one, no
+    rendezvous endpoint, no time left, or the store could not be hosted). Ranks that never answered within
+    ``timeout`` are absent from the result. Never raises.
+    """
+    if env.world_size == 1 or env.master_addr is None or env.master_port is None or timeout < 0.5:
+        return None
+    import torch.distributed as dist
+
+    from distinit.init._attempt import AttemptFailed
+    from distinit.init._store import connect_store, host_store
+
+    mine = PeerLocal(rank=env.rank, host=host[:NAME_CHARS], local=tuple(local))
+    bound = timedelta(seconds=timeout)
+    try:
+        if env.rank != 0:
+            store = connect_store(env.master_addr, env.master_port, timeout=timeout)
+            store.set(_KEY.format(rank=env.rank), mine.model_dump_json())
+            store.wait([_MERGED], bound)
+            return None
+        store = host_store(env.master_addr, env.master_port, timeout=timeout)
+    except (AttemptFailed, RuntimeError, dist.DistError) as exc:  # DistStoreError is a RuntimeError
+        logger.debug("rank %d: local checks not shared after the world failed: %s", env.rank, exc)
+        return None
+    keys = [_KEY.format(rank=r) for r in range(1, env.world_size)]
+    with contextlib.suppress(RuntimeError, dist.DistError):  # some never answered: merge those that did
+        store.wait(keys, bound)
+    found: dict[int, PeerLocal | str] = {0: mine}
+    for rank, key in enumerate(keys, start=1):
+        if store.check([key]):
+            found[rank] = parse_local(store.get(key), rank=rank)
+    store.set(_MERGED, "1")
+    return found
