@@ -16,7 +16,8 @@ repetitions of the slowest rank):
 - a payload sweep (1 KB ... 256 MB): ``broadcast_tensor`` vs raw ``broadcast``, both into receiver buffers,
   beside this machine's ceilings measured in the same run (one memcpy, one TCP-loopback stream);
 - transports (``--parts via``), 256 MB on one host: ``via="network"`` vs ``"shm"`` vs ``"shm"`` with
-  ``zero_copy`` vs ``"file"`` (a directory on local disk) vs raw ``broadcast``, as GB/s beside the memcpy
+  ``zero_copy`` (each with and without the leader's comparison of its sealed segment: the cost of
+  verifying) vs ``"file"`` (a directory on local disk) vs raw ``broadcast``, as GB/s beside the memcpy
   ceiling of the same run; and every receiver's RSS/PSS/anonymous growth (``/proc/self/smaps_rollup``)
   for a zero-copy and a private-copy receive.
 
@@ -349,6 +350,17 @@ def _memory_growth(rank: int, zero_copy: bool) -> dict[str, float]:
     return {name: float(v) for name, v in zip(names, receivers, strict=True)}
 
 
+def _unverified(call: Callable[[], Any]) -> Any:
+    """Run one shm call without the leader's check of its sealed segment (every rank runs the same case)."""
+    from distinit.broadcast import _shm
+
+    _shm.VERIFY = False
+    try:
+        return call()
+    finally:
+        _shm.VERIFY = True
+
+
 def _via_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
     """Seconds per 256 MB broadcast by each transport (receivers pass a buffer, or None for zero-copy)."""
     from distinit.broadcast import broadcast_tensor
@@ -367,6 +379,12 @@ def _via_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
             'via="shm" (receivers pass a buffer)': lambda: broadcast_tensor(mine, via="shm"),
             'via="shm", zero_copy (receivers pass None)': lambda: broadcast_tensor(
                 src_t if rank == 0 else None, via="shm", zero_copy=True
+            ),
+            'via="shm" without the check (receivers pass a buffer)': lambda: _unverified(
+                lambda: broadcast_tensor(mine, via="shm")
+            ),
+            'via="shm", zero_copy, without the check (receivers pass None)': lambda: _unverified(
+                lambda: broadcast_tensor(src_t if rank == 0 else None, via="shm", zero_copy=True)
             ),
             'via="file" on local disk (receivers pass a buffer)': lambda: broadcast_tensor(
                 mine, via="file", path=directory
@@ -643,6 +661,15 @@ def _render_small(world: str, rows: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+CHECK_PAIRS = (
+    ("receivers pass a buffer", 'via="shm" (receivers pass a buffer)',
+     'via="shm" without the check (receivers pass a buffer)'),
+    ("zero_copy", 'via="shm", zero_copy (receivers pass None)',
+     'via="shm", zero_copy, without the check (receivers pass None)'),
+)  # fmt: skip
+"""The shm rows with and without the check (issue 23: the verification's cost at 256 MiB)."""
+
+
 def _render_via(rows: dict[str, dict[str, float]], roof: dict[str, float]) -> list[str]:
     """Transports at 256 MB as GB/s beside the memcpy ceiling; shm >= 2x network (world 4), memory growth."""
     memcpy = roof["memcpy_GBps"]
@@ -657,6 +684,12 @@ def _render_via(rows: dict[str, dict[str, float]], roof: dict[str, float]) -> li
     shm = timed['via="shm" (receivers pass a buffer)']["min"]
     lines.append(f"\nshm / network effective bandwidth: {network / shm:.2f}x (world 4 target >= 2x; world 2: "
                  f">= 1x, not slower)\n")  # fmt: skip
+    for who, plain, bare in CHECK_PAIRS:
+        if plain in timed and bare in timed:
+            with_check, without = timed[plain]["min"], timed[bare]["min"]
+            lines.append(f"- verification cost, shm ({who}): {_ms(with_check - without)} per call, "
+                         f"{with_check / without:.2f}x the unverified call")  # fmt: skip
+    lines.append("")
     lines.append("| payload | network (min) | shm zero_copy (min) | zero_copy / network |")
     lines.append("|---:|---:|---:|---:|")
     for nbytes in THRESHOLD_BYTES:
