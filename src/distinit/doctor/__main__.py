@@ -1,22 +1,22 @@
 """``python -m distinit.doctor``: the same command as ``distinit doctor``.
 
 The doctor's options are defined once, with the ``distinit`` command (``distinit/cli.py``), so that
-``distinit doctor --help`` imports neither torch nor the checks. This entry point runs that command by
-module name, as ``python -m distinit.cli doctor ...`` does: no capability imports the CLI (the layering rule),
-an entry point may run it.
+``distinit doctor --help`` imports neither torch nor the checks. An entry point is a face like the CLI
+itself, so this module (and only ``__main__`` modules) may import the CLI (``tests/unit/test_layering.py``).
 """
 
 from __future__ import annotations
 
-import runpy
 import sys
+from collections.abc import Sequence
+
+from distinit.cli import main as cli_main
 
 
-def main() -> None:
-    """Run ``distinit doctor`` with this process's arguments; exits with its status."""
-    sys.argv = ["distinit", "doctor", *sys.argv[1:]]
-    runpy.run_module("distinit.cli", run_name="__main__", alter_sys=True)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``distinit doctor`` with ``argv`` (default: this process's arguments); return its exit status."""
+    return cli_main(["doctor", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
