@@ -35,8 +35,9 @@ VIA_SHIFT = 8
 """The flags word's bits 8-11 carry the code; bit 0 is ``FLAG_FLAT``."""
 AUTO_SHM_MIN_BYTES = 16 << 20
 AUTO_SHM_MIN_RANKS = 4
-"""``via="auto"`` takes shared memory only where it measured faster than the network on the 2-vCPU test machine
-(``benchmarks/bench_broadcast.py --parts via``, docs/broadcast.md "Transports"): some rank asked for
+"""``via="auto"`` takes shared memory where it measured faster than the network on the 2-vCPU test machine
+before issue 23's hardening (``benchmarks/bench_broadcast.py --parts via``, docs/broadcast.md "What it costs":
+after it, the leader's comparison makes zero-copy about tie with the network at 256 MiB): some rank asked for
 ``zero_copy``, a host holds at least :data:`AUTO_SHM_MIN_RANKS` ranks, and the payload is at least
 :data:`AUTO_SHM_MIN_BYTES`. Copying receivers were slower by shm than by gloo there (two copies and fresh
 tmpfs pages against one loopback copy), so ``auto`` leaves them on the network."""
