@@ -308,9 +308,8 @@ def _check(ctx: CallContext, statuses: list[int], step: str) -> None:
         field = "payload"
     else:
         why = ("the host had no memory for the segment, a process held it mapped writable when the leader "
-               "sealed it, or a reader cannot open /proc/<leader pid>/fd (another pid namespace, hidepid)")  # fmt: skip
-        fix = (f"check free memory and {SHM_DIR} on the named ranks' hosts, run each host's ranks in one pid "
-               "namespace, or pass via='network'")  # fmt: skip
+               "sealed it, or a reader cannot open /proc/<leader pid>/fd (hidepid, a non-dumpable leader)")  # fmt: skip
+        fix = f"check free memory and {SHM_DIR} on the named ranks' hosts, or pass via='network'"
         field = "transport"
     raise transport_error(ctx, bad, step=f"shared memory ({step})", why=why, fix=fix, field=field)
 

@@ -43,6 +43,7 @@ after it, the leader's comparison makes zero-copy about tie with the network at 
 tmpfs pages against one loopback copy), so ``auto`` leaves them on the network."""
 SHM_DIR = "/dev/shm"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+PID_NS = "/proc/self/ns/pid"
 ALIGN = 64
 """Each tensor starts on a 64-byte boundary of a segment or file (any dtype's alignment, one cache line)."""
 
@@ -120,18 +121,22 @@ def check_agreed(ctx: CallContext, views: Sequence[_header.View]) -> None:
 
 
 def host_key() -> tuple[int, int]:
-    """Two words naming this process's host: ``boot_id`` and the device of ``/dev/shm`` (NCCL's own test).
+    """Two words naming this process's host: ``boot_id``, the device of ``/dev/shm`` and the pid namespace.
 
-    A private mount namespace with its own ``/dev/shm`` (a container) is another host: its segments are
-    not ours. Without a readable boot_id the key is random, so this rank shares memory with no one.
+    The first two are NCCL's own test. A private mount namespace with its own ``/dev/shm`` (a container) is
+    another host: its segments are not ours. So is another pid namespace (containers sharing ``/dev/shm``
+    through ``--ipc=host``): readers open the leader's segment through ``/proc/<leader pid>/fd``, which
+    another pid namespace cannot name.
+    Without a readable boot_id the key is random, so this rank shares memory with no one.
     """
     try:
         with open(BOOT_ID, encoding="ascii") as fh:
             boot = fh.read().strip()
         dev = os.stat(SHM_DIR).st_dev
+        pid_ns = os.stat(PID_NS).st_ino
     except OSError:
         return struct.unpack("<qq", secrets.token_bytes(16))
-    digest = hashlib.blake2b(f"{boot}\0{dev}".encode(), digest_size=16).digest()
+    digest = hashlib.blake2b(f"{boot}\0{dev}\0{pid_ns}".encode(), digest_size=16).digest()
     return struct.unpack("<qq", digest)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from via_launch import Job, free_port, segments
+from via_launch import PID_NAMESPACE, Job, free_port, segments
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for private /dev/shm mounts"
@@ -78,6 +78,19 @@ def test_ranks_not_co_located_fall_back_with_a_note(tmp_path: Path) -> None:
         assert result.get("equal") is True, result
         (note,) = _events(result, "broadcast.via_fallback")
         assert note["level"] == "WARNING" and "share a host" in str(note["reason"]), note
+
+
+@pytest.mark.timeout(120)
+def test_ranks_in_another_pid_namespace_are_another_host(tmp_path: Path) -> None:
+    """Same /dev/shm, other pid namespace (containers with --ipc=host): /proc cannot name the leader's segment.
+
+    Ranks 0 and 1 here, rank 2 in a private pid namespace: shm inside {0, 1}, the network to rank 2.
+    """
+    results = Job(tmp_path, "one-tensor", [((0, 1), None), ((2,), PID_NAMESPACE)]).results(timeout=100)
+    for rank, result in enumerate(results):
+        assert result.get("equal") is True, (rank, result)
+        (route,) = _events(result, "broadcast.route")
+        assert route["route"] == "shm" and route["hosts"] == [[0, 1], [2]], route
 
 
 @pytest.mark.timeout(120)

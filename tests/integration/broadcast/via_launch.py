@@ -28,8 +28,15 @@ def segments() -> list[str]:
     return sorted(name for name in os.listdir("/dev/shm") if name.startswith("distinit-bc-"))
 
 
+PID_NAMESPACE = "pid namespace"
+"""A ``hosts`` entry's second item: a private pid namespace that shares this host's /dev/shm."""
+
+
 def fake_host(shm_size: str) -> str:
-    """A shell prefix: a private mount namespace whose /dev/shm is a fresh tmpfs of ``shm_size`` (another host)."""
+    """A shell prefix: a private mount namespace whose /dev/shm is a fresh tmpfs of ``shm_size`` (another host),
+    or (:data:`PID_NAMESPACE`) a private pid namespace with its own /proc and this host's /dev/shm."""
+    if shm_size == PID_NAMESPACE:
+        return "unshare --pid --fork --mount-proc sh -c 'true && "
     return f"unshare --mount --propagation private sh -c 'mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && "
 
 
