@@ -76,6 +76,7 @@ class Heartbeat:
         self.host_claim: str | None = None
         #: Monotonic time of this rank's last written beat: a long gap since means this process was frozen.
         self.last_beat = time.monotonic()
+        self._frozen = 0.0  # the longest gap between two beats seen so far (s)
 
     def beat(self) -> None:
         """Write one beat now (the first one is written before the rank counts as joined)."""
@@ -84,11 +85,11 @@ class Heartbeat:
         self.last_beat = time.monotonic()
 
     def frozen_for(self) -> float | None:
-        """Seconds since this rank last beat, if longer than the loss bound; else None.
+        """The longest time this rank could not beat (now, or between two beats), if past the loss bound; else None.
 
         Such a rank was frozen (SIGSTOP, a thread holding the GIL, swapped out): its watchers declared it lost.
         """
-        gap = time.monotonic() - self.last_beat
+        gap = max(time.monotonic() - self.last_beat, self._frozen)
         return gap if gap > self._stale else None
 
     def start(self) -> None:
@@ -106,9 +107,11 @@ class Heartbeat:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self._beat_every):
-                if time.monotonic() - self.last_beat > self._stale / 2:
+                gap = time.monotonic() - self.last_beat
+                if gap > self._stale / 2:
                     # This process did not run for a while: what it did not see is no sign of the others.
                     self._seen.clear()
+                    self._frozen = max(self._frozen, gap)  # past the loss bound: the others declared it lost
                 self.beat()
                 silent = self._watch()
                 if silent is not None and not self._stop.is_set():
@@ -225,6 +228,7 @@ class Liveness:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(wait_bound(0.5))
+        self.store = None  # type: ignore[assignment]  # let go of the store (rank 0: its server)
 
     def _run(self) -> None:
         try:
@@ -243,7 +247,8 @@ class Liveness:
                         self._warn(silent)
                 if self._stop.wait(self._beat_every):
                     return
-        except (dist.DistError, RuntimeError, OSError, ValueError) as exc:
+        except (dist.DistError, RuntimeError, OSError, ValueError, AttributeError) as exc:
+            # The store went away (or was let go of by stop()): nothing left to watch.
             if not self._stop.is_set():
                 logger.debug("rank %d: liveness watch stopped: %s", self.rank, exc)
 

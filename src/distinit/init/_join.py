@@ -39,7 +39,7 @@ from typing import NoReturn
 import torch.distributed as dist
 from torch.distributed import Store
 
-from distinit.errors import RendezvousError, WorldSizeMismatchError
+from distinit.errors import RankLostError, RendezvousError, WorldSizeMismatchError
 from distinit.init import _messages
 from distinit.init._attempt import AttemptFailed
 from distinit.init._heartbeat import Heartbeat, Silent, follow_arrivals
@@ -447,7 +447,7 @@ class JoinProtocol:
         if state in (text, "ok"):
             # Ours is the verdict (or the world formed without this process): raise it here.
             self._saw(generation)
-            self._linger(generation, unsure=isinstance(verdict, WorldSizeMismatchError))
+            self._linger(generation, verdict)
             raise verdict
         raise self._read_verdict(generation, state)
 
@@ -471,7 +471,7 @@ class JoinProtocol:
         self._saw(generation)
         verdict = _messages.verdict_from_json(state, rank=self.rank)
         # A lost rank may only be frozen: when it resumes within the linger, it reads the verdict about itself.
-        self._linger(generation, unsure=isinstance(verdict, WorldSizeMismatchError))
+        self._linger(generation, verdict)
         return verdict
 
     def _saw(self, generation: int) -> None:
@@ -479,17 +479,20 @@ class JoinProtocol:
         with contextlib.suppress(dist.DistError):
             self.store.add(self._key(generation, "seen"), 1)
 
-    def _linger(self, generation: int, *, absent: int = 0, unsure: bool = False) -> None:
-        """On the store host: stay up until every rank learned the verdict, at most :data:`LINGER` s.
+    def _linger(self, generation: int, verdict: RendezvousError) -> None:
+        """On the store host: stay up until every rank learned ``verdict``, at most :data:`LINGER` s.
 
-        Every rank, joined or not: a rank refused before it counted (a world-size mismatch, a duplicate) or
-        one still connecting learns the verdict only while the store is up. ``absent`` ranks (lost) never
-        read it. When the world size itself is in doubt (``unsure``: a mismatch, the host cannot know which
-        size is true), the host leaves once every joined rank knows and nobody new learned it for
-        :data:`LINGER_QUIET` s.
+        Every rank, joined or not: a rank refused before it counted (a world-size mismatch, a duplicate), one
+        still connecting, a late one, or a lost rank that was only frozen and resumes learns the verdict only
+        while the store is up. When some ranks may never read it (the lost ranks of a :class:`RankLostError`;
+        a mismatch, where the host cannot know which size is true), the host leaves earlier: once every
+        joined rank but the lost ones knows and nobody new learned it for :data:`LINGER_QUIET` s.
         """
         if not self.hosting:
             return
+        lost = isinstance(verdict, RankLostError)
+        unsure = lost or isinstance(verdict, WorldSizeMismatchError)
+        absent = len(verdict.ranks) if lost else 0
         now = time.monotonic()
         end, last = now + LINGER, (-1, now)
         while now < end:
@@ -498,7 +501,7 @@ class JoinProtocol:
                 joined = self.store.add(self._key(generation, "joined"), 0)
             except dist.DistError:
                 return
-            if seen >= self.world_size - absent:
+            if seen >= self.world_size:
                 return
             if seen != last[0]:
                 last = (seen, now)
