@@ -13,8 +13,18 @@ from typing import Any, cast
 import pytest
 from torch.distributed import HashStore, Store
 
+from distinit.errors import MalformedEnvError
 from distinit.init._join import Claimant, JoinProtocol, decode_ranks, encode_ranks, wait_for_key
-from distinit.init._pace import FIRST_POLL, POLL, STALE, Pace, PauseSchedule, load_scale
+from distinit.init._pace import (
+    FIRST_POLL,
+    LOSS_BOUND_VARIABLE,
+    POLL,
+    STALE,
+    Pace,
+    PauseSchedule,
+    load_scale,
+    loss_bound,
+)
 
 
 class CountingStore:
@@ -259,3 +269,33 @@ def test_an_arrival_key_not_written_by_distinit_is_a_named_rendezvous_error() ->
     with pytest.raises(RendezvousError, match=r"join key p/order/2 holds b'rm -rf', not a rank number"):
         follow_arrivals(store, "p/", known)
     assert known == []  # nothing from a store written by something else is trusted
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        pytest.param(None, None, id="unset"),
+        pytest.param("", None, id="empty"),
+        pytest.param("30", 30.0, id="seconds"),
+        pytest.param(" 7.5 ", 7.5, id="spaces"),
+        pytest.param("abc", "error", id="word"),
+        pytest.param("-1", "error", id="negative"),
+        pytest.param("0", "error", id="zero"),
+        pytest.param("nan", "error", id="nan"),
+        pytest.param("inf", "error", id="inf"),
+    ],
+)
+def test_loss_bound_variable(value: str | None, want: float | str | None) -> None:
+    environ = {} if value is None else {LOSS_BOUND_VARIABLE: value}
+    if want == "error":
+        with pytest.raises(MalformedEnvError) as caught:
+            loss_bound(environ)
+        assert caught.value.variables == (LOSS_BOUND_VARIABLE,)
+        return
+    assert loss_bound(environ) == want
+
+
+def test_loss_bound_only_raises_the_scaled_bound() -> None:
+    assert Pace.for_world(4, loss_bound=30.0).stale == 30.0
+    assert Pace.for_world(4, loss_bound=1.0).stale == Pace.for_world(4).stale == 5.0
+    assert Pace.for_world(10_000, loss_bound=1.0).stale == Pace.for_world(10_000).stale
