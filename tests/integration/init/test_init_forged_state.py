@@ -1,5 +1,6 @@
 """A stray client on the rendezvous store writes the group's state key (garbage, or a well-formed verdict without
-the generation token and writer rank): the ranks refuse it (a logged WARNING, never raised) and the world forms."""
+the generation token and writer rank): the ranks refuse it (a logged WARNING, never raised) and the world forms.
+A wrong token or writer is refused by the same check (``verdict_origin``, table-tested in the unit tests)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ PREFIX = "distinit/job/0/c1/g0/"
 FORGED = {
     "garbage": "\x00not json at all",
     "verdict": json.dumps({"error": "RankLostError", "what": "forged: rank 7 is lost", "why": "", "fix": ""}),
-    "wrong-token": json.dumps({"error": "RankLostError", "what": "forged", "writer": 0, "token": "0" * 16}),
 }
 
 
