@@ -84,14 +84,10 @@ def decide_host(
     return HostDecision(False, False, f"not the host: compared {compared}")
 
 
-def connection_error(
-    kind: str, what: str, *, why: str, fix: str, master: str, cause: BaseException | None = None
-) -> AgentRendezvousConnectionError:
-    """An :class:`AgentRendezvousConnectionError` with its facts."""
+def connection_error(kind: str, what: str, *, why: str, fix: str, master: str) -> AgentRendezvousConnectionError:
+    """An :class:`AgentRendezvousConnectionError` with its facts (raise it ``from`` the foreign error)."""
     exc = AgentRendezvousConnectionError(what, why=why, fix=fix, master=master)
     exc.kind = kind
-    if cause is not None:
-        exc.__cause__ = cause
     return exc
 
 
@@ -160,7 +156,9 @@ def wait_for_store(host: str, port: int, addresses: tuple[str, ...], *, refused_
     start = time.monotonic()
     warned = False
     while True:
-        result = probe(host, port, PROBE_TIMEOUT, handshake_timeout=2.0)
+        # A black hole costs a whole probe: never let the last one overshoot the verdict's limit by much.
+        left = max(VERDICT_AFTER - (time.monotonic() - start), 0.5)
+        result = probe(host, port, min(PROBE_TIMEOUT, left), handshake_timeout=2.0)
         waited = time.monotonic() - start
         if result.kind == "tcpstore":
             return
@@ -224,7 +222,6 @@ def open_store(
                     why="is_host=1 was passed but the port is held or the address is not this host's",
                     fix=f"free port {port} or pass another --rdzv-endpoint port",
                     master=f"{host}:{port}",
-                    cause=exc,
                 ) from exc
             # torch's own fallback: another agent on this machine hosts it (several agents per host).
             logger.debug("port %d already served here (%s); connecting as a client", port, exc)
@@ -248,7 +245,6 @@ def open_store(
             why="the store stopped between the probe and the connection (the host agent exited)",
             fix=f"look at the host agent's log on {host}; see {DOCS}",
             master=f"{host}:{port}",
-            cause=exc,
         ) from exc
 
 

@@ -14,7 +14,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -49,16 +48,8 @@ CONNECT_TIMEOUT = 30
 LINGER = 2.0
 
 
-def handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
-    """The ``torchrun.handlers`` entry point: torch calls this and registers what it returns as ``distinit``."""
-    return create_handler
-
-
-def create_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """A :class:`DistinitRendezvousHandler` for ``params`` (torchrun's ``--rdzv-*`` flags and ``--rdzv-conf``).
-
-    Accepts every ``--rdzv-conf`` key of torch's c10d backend, plus ``connect_timeout`` (seconds a refused
-    endpoint is waited on, default 30) and ``shared_endpoint`` (1: several jobs share the endpoint on purpose).
+def create(params: RendezvousParameters) -> RendezvousHandler:
+    """A :class:`DistinitRendezvousHandler` for ``params`` (see :func:`distinit.rendezvous.create_handler`).
 
     Raises:
         AgentRendezvousConnectionError: the endpoint is unusable; the message says why.
@@ -113,8 +104,6 @@ def _warn_loopback_node(node: str) -> None:
 
 class DistinitRendezvousHandler(RendezvousHandler):
     """torch's dynamic rendezvous handler with a pre-flight, a config consensus and explained failures."""
-
-    __module__ = "distinit.rendezvous"  # its public home
 
     def __init__(
         self,
@@ -177,7 +166,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
         thread = threading.Thread(target=join, name="distinit-rendezvous-join", daemon=True)
         thread.start()
         while thread.is_alive():
-            thread.join(POLL)
+            thread.join(self._poll_interval())
             self._refresh()
             fatal = [d for d in disagreements(self._watched(), shared_endpoint=self._shared_endpoint) if d.fatal]
             if fatal:
@@ -264,12 +253,15 @@ class DistinitRendezvousHandler(RendezvousHandler):
         self._beater.start()
 
     def _refresh(self) -> None:
-        """Read every card and heart-beat on the store (JSON only; a card that does not validate is skipped)."""
+        """Read every card and heart-beat on the store (JSON only; a card that does not validate is skipped).
+
+        One ``check`` per agent not seen yet (a card, once set, stays), then one ``multi_get`` of them all.
+        """
         try:
             count = int(self._store.add(f"{PREFIX}/count", 0))
-            indices = [i for i in range(1, count + 1) if i != self._index]
-            keys = [f"{PREFIX}/card/{i}" for i in indices] + [f"{PREFIX}/beat/{i}" for i in indices]
-            present = [i for i in indices if self._store.check([f"{PREFIX}/card/{i}", f"{PREFIX}/beat/{i}"])]
+            new = [i for i in range(1, count + 1) if i != self._index and i not in self._cards]
+            arrived = [i for i in new if self._store.check([f"{PREFIX}/card/{i}", f"{PREFIX}/beat/{i}"])]
+            present = [*self._cards, *arrived]
             if not present:
                 return
             keys = [f"{PREFIX}/card/{i}" for i in present] + [f"{PREFIX}/beat/{i}" for i in present]
@@ -283,6 +275,10 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 self._beats[index] = float(values[len(present) + n])
             except (ValueError, ValidationError, UnicodeDecodeError) as exc:
                 logger.debug("skipping agent card %d on the store: %s", index, exc)
+
+    def _poll_interval(self) -> float:
+        """Seconds between reads of the cards: POLL, longer with many agents (each read fetches every card)."""
+        return max(POLL, len(self._cards) / 64)
 
     def _fresh(self, index: int) -> bool:
         return self._beats.get(index, 0.0) >= time.time() - 3 * self._beat_interval
@@ -326,11 +322,11 @@ class DistinitRendezvousHandler(RendezvousHandler):
         participants = tuple(repr(node) for node in self._state().participants)
         deadline = time.monotonic() + CARDS_WAIT
         while True:
+            self._refresh()
             cards = [card for card in self._job_cards() if _is_participant(card, participants)]
             if len(cards) >= len(participants) or time.monotonic() > deadline:
                 break
             time.sleep(POLL)
-            self._refresh()
         found = disagreements(cards)
         fatal = [d for d in found if d.fatal]
         if fatal:
@@ -381,10 +377,10 @@ class DistinitRendezvousHandler(RendezvousHandler):
         if isinstance(error, RendezvousTimeoutError):
             self._publish("failed")
             state = self._state()
-            cards = self._job_cards()
-            index_of = {id(card): i for i, card in self._cards.items()}
-            beats = {n: self._beats.get(index_of.get(id(card), -1), time.time()) for n, card in enumerate(cards)}
-            beats[0] = time.time()
+            now = time.time()
+            mine = [(i, card) for i, card in self._cards.items() if card.run_id == self._card.run_id]
+            cards = [self._card, *(card for _, card in mine)]
+            beats = {0: now, **{n: self._beats.get(i, card.started) for n, (i, card) in enumerate(mine, start=1)}}
             snap = Snapshot(
                 run_id=self._card.run_id,
                 endpoint=self._endpoint,
@@ -398,7 +394,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 cards=tuple(cards),
                 beats=beats,
                 beat_interval=self._beat_interval,
-                now=time.time(),
+                now=now,
             )
             raise explain_timeout(snap) from error
         if isinstance(error, RendezvousClosedError):

@@ -136,3 +136,19 @@ def test_errors_are_torch_s_and_ours_and_pickle() -> None:
         for clone in (pickle.loads(pickle.dumps(err)), copy.copy(err)):
             assert type(clone) is type(err) and str(clone) == str(err)
     assert type(exc).__module__ == "distinit.rendezvous" and isinstance(exc, AgentRendezvousTimeoutError)
+
+
+def test_the_entry_point_is_light() -> None:
+    # torch imports the entry point into every torchrun agent, whatever --rdzv-backend: only the errors and the
+    # entry module load at import time (no pydantic, no distinit.init: about 0.3 s on a loaded machine).
+    import ast
+    from pathlib import Path
+
+    package = Path(distinit.__file__).parent / "rendezvous"
+    for name in ("__init__.py", "_entry.py", "_errors.py"):
+        tree = ast.parse((package / name).read_text())
+        top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        modules = {alias.name for node in top if isinstance(node, ast.Import) for alias in node.names}
+        modules |= {node.module or "" for node in top if isinstance(node, ast.ImportFrom)}
+        heavy = {m for m in modules if m.startswith(("pydantic", "distinit.init", "distinit.rendezvous._handler"))}
+        assert not heavy, f"{name} imports {heavy} at import time"
