@@ -245,12 +245,15 @@ class Liveness:
                     if silent.rank not in warned:
                         warned.add(silent.rank)
                         self._warn(silent)
-                if self._stop.wait(self._beat_every):
-                    return
+                if self._stop.wait(self._beat_every) or not dist.is_initialized():
+                    return  # stopped, or the group was destroyed without teardown(): let go of its store
         except (dist.DistError, RuntimeError, OSError, ValueError, AttributeError) as exc:
             # The store went away (or was let go of by stop()): nothing left to watch.
             if not self._stop.is_set():
                 logger.debug("rank %d: liveness watch stopped: %s", self.rank, exc)
+        finally:
+            if not dist.is_initialized():
+                self.store = None  # type: ignore[assignment]  # the group is gone: free its store (rank 0: the server)
 
     def _silent(self, ranks: list[int], seen: dict[int, tuple[bytes, float]], stale: float) -> list[Silent]:
         """The ``ranks`` whose beat has not changed for ``stale`` s as seen here (``seen`` is updated)."""
@@ -279,7 +282,7 @@ class Liveness:
         """``rank 1 (host gpu-b, pid 902)``, from ``who/<rank>`` (read once), or just ``rank 1``."""
         who = self._who.get(rank)
         if who is None:
-            with contextlib.suppress(dist.DistError, RuntimeError, OSError):
+            with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
                 if self.store.check([f"who/{rank}"]):
                     who = self._who[rank] = _decoded(self.store.get(f"who/{rank}"))
         if who is None:
@@ -335,7 +338,7 @@ class Liveness:
                     )
                 time.sleep(min(0.1, self._beat_every))
             return None
-        except (dist.DistError, RuntimeError, OSError):
+        except (dist.DistError, RuntimeError, OSError, AttributeError):  # AttributeError: the store was let go of
             return f"{self.describe(0)}: the store it hosts stopped answering (its process is gone or frozen)"
         finally:
             with contextlib.suppress(dist.DistError, RuntimeError, OSError):

@@ -143,6 +143,8 @@ def _setup(
         env.export()
     result = SetupResult(env=env, report=report, device=device)
     _Current.result = result
+    if _Current.liveness is not None:  # a group destroyed without teardown(): its watch ends now
+        _Current.liveness.stop()
     _Current.liveness = _watch(env.world_size)
     if not _Current.atexit_registered:
         atexit.register(teardown)

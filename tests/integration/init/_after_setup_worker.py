@@ -24,15 +24,15 @@ def main() -> None:
     result = distinit.setup("gloo", deadline=60, attempt_timeout=30)
     rank = result.env.rank
     (where / f"ready{rank}").write_text(str(os.getpid()))
-    end = time.monotonic() + 90
+    end = time.monotonic() + 180
     while not (where / "go").exists():
         if time.monotonic() > end:
-            raise SystemExit("no go from the test within 90 s")
+            raise SystemExit("no go from the test within 180 s")
         time.sleep(0.02)
     tensor = torch.ones(1)
     while time.monotonic() < end:
         dist.all_reduce(tensor)
-    raise SystemExit("no collective failed within 90 s")
+    raise SystemExit("no collective failed within 180 s")
 
 
 if __name__ == "__main__":

@@ -43,12 +43,12 @@ def _start(rank: int, world: int, port: int, where: Path) -> subprocess.Popen[by
         )
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_a_rank_killed_after_setup_is_named_by_the_survivors(tmp_path: Path) -> None:
     port, world = free_port(), 3
     procs = [_start(r, world, port, tmp_path) for r in range(world)]
     try:
-        end = time.monotonic() + 90
+        end = time.monotonic() + 150  # three interpreters import torch on a loaded 2-core machine
         while not all((tmp_path / f"ready{r}").exists() for r in range(world)):
             assert time.monotonic() < end, [p.poll() for p in procs]
             assert all(p.poll() is None for p in procs), [(tmp_path / f"rank{r}.log").read_text() for r in range(world)]
