@@ -609,6 +609,43 @@ def doctor(data: dict[str, Any]) -> Section:
     return "Doctor: time per check tier", [save(fig, "doctor_tiers"), "", *lines]
 
 
+def torchrun(data: dict[str, Any]) -> Section:
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.0))
+    happy = data["happy"]
+    sizes = list(happy)
+    xs = list(range(len(sizes)))
+    for offset, backend, color in ((-0.2, "c10d", THEIRS), (0.2, "distinit", OURS)):
+        axes[0].bar(
+            [x + offset for x in xs], [happy[n][backend]["median_s"] for n in sizes], 0.4, color=color, label=backend
+        )
+    axes[0].set_xticks(xs, [f"{n} agents" for n in sizes])
+    axes[0].set_ylabel("seconds, agents start -> last worker starts")
+    axes[0].set_title("happy path (median)")
+    axes[0].legend(fontsize=7)
+    rows = data["verdicts"]
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    limit = float(data["limit_s"])
+    ys = list(range(len(scenarios)))
+    for offset, backend, color in ((0.2, "c10d", THEIRS), (-0.2, "distinit", OURS)):
+        by = {r["scenario"]: r for r in rows if r["backend"] == backend}
+        values = [by[s]["seconds"] if by[s]["seconds"] is not None else limit for s in scenarios]
+        axes[1].barh([y + offset for y in ys], values, 0.4, color=color, label=backend)
+    axes[1].set_yticks(ys, scenarios)
+    axes[1].invert_yaxis()
+    axes[1].set_xlabel(f"seconds to the agent's exit (>= {limit:g}: no verdict)")
+    axes[1].set_title("time to a verdict")
+    axes[1].legend(fontsize=7)
+    lines = [save(fig, "torchrun"), "", "| scenario | c10d | distinit |", "|---|---|---|"]
+    for scenario in scenarios:
+        cells = []
+        for backend in ("c10d", "distinit"):
+            r = next(r for r in rows if r["scenario"] == scenario and r["backend"] == backend)
+            seconds = f"{r['seconds']:.1f} s" if r["seconds"] is not None else f"none in {limit:g} s"
+            cells.append(f"{seconds}, {'named' if r['named'] else 'unnamed'}")
+        lines.append(f"| {scenario} | {cells[0]} | {cells[1]} |")
+    return "torchrun: --rdzv-backend=distinit vs c10d", lines
+
+
 # ---------------------------------------------------------------------------------------------- cuda
 CUDA_PANELS = (
     ("nccl world 1", "model B: ", "NCCL, world 1: model B (2000 x 4 KB on the GPU)"),
@@ -813,6 +850,7 @@ def sections() -> list[str]:
         ),
         ("testing", "Testing", lambda d: [("cost", lambda: testing(d))]),
         ("doctor", "Doctor", lambda d: [("tiers", lambda: doctor(d))]),
+        ("torchrun", "torchrun", lambda d: [("rendezvous", lambda: torchrun(d))]),
         ("scale", "Scale", lambda d: [("header", lambda: scale_header(d))]),
         ("cuda", "CUDA", lambda d: [("gpu", lambda: cuda(d))]),
     ]
