@@ -87,3 +87,30 @@ def test_agent_killed_after_joining_names_its_host(agents: Agents, switch: Switc
     assert elapsed < 120
     assert "AgentRendezvousTimeoutError" in text, text[-3000:]
     assert "seen, then stopped heart-beating: node1 pid" in text and "the agent on node1 joined" in text, text[-3000:]
+
+
+def test_an_alias_endpoint_is_hosted_where_torch_finds_no_match(agents: Agents, switch: Switch) -> None:
+    # The endpoint is an alias of node0's address (pytorch#64926) and the hosts do not resolve their own names:
+    # c10d's hostname matching then dies with "socket.gaierror: [Errno -3] Temporary failure in name resolution"
+    # on both agents (measured, torch 2.13; with a resolvable hostname nobody would host the store). distinit
+    # sees that the alias's address binds on node0, hosts the store there and says so.
+    made = []
+    try:
+        for name in switch.names[1:]:
+            folder = Path("/etc/netns") / name  # ip-netns-exec bind-mounts this hosts file over /etc/hosts
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text(f"127.0.0.1 localhost\n{switch.addresses[0]} rdzv-alias\n")
+            made.append(folder)
+        started = [agents.start(f"node{i}", "rdzv-alias:29500", **_on(switch, i)) for i in (0, 1)]  # type: ignore[arg-type]
+        texts = []
+        for agent in started:
+            rc, text, _ = agent.wait(120)
+            assert rc == 0, text[-3000:]
+            assert "world=2 sum=2 restart=0" in text, text[-3000:]
+            texts.append(text)
+        assert "distinit hosts the store here" in texts[0] and switch.addresses[0] in texts[0], texts[0][-3000:]
+        assert "is_host=1" in texts[0]
+    finally:
+        for folder in made:
+            (folder / "hosts").unlink(missing_ok=True)
+            folder.rmdir()
