@@ -284,11 +284,15 @@ class DistinitRendezvousHandler(RendezvousHandler):
         return self._beats.get(index, 0.0) >= time.time() - 3 * self._beat_interval
 
     def _watched(self) -> list[AgentCard]:
-        """This agent, its job's agents, and other jobs' live waiting agents (for the ``--rdzv-id`` check)."""
+        """This agent, its job's live agents, and other jobs' live waiting agents (for the ``--rdzv-id`` check).
+
+        Live: heart-beating. A dead agent's card stays on the store (an agent restarted with corrected flags
+        must not be held to its predecessor's).
+        """
         mine = self._card.run_id
         cards = [self._card]
         for index, card in self._cards.items():
-            if card.run_id == mine or (card.status == "waiting" and self._fresh(index)):
+            if self._fresh(index) and (card.run_id == mine or card.status == "waiting"):
                 cards.append(card)
         return cards
 
