@@ -29,7 +29,7 @@ def _ok(text: str, world: int, restart: str = "0") -> None:
     assert f"world={world} sum={world} restart={restart}" in text, text[-3000:]
 
 
-@pytest.mark.parametrize("count", [2, 3], ids=["2-agents", "3-agents"])
+@pytest.mark.parametrize("count", [3], ids=["3-agents"])  # 2 agents: test_torchrun_hosts.py, on two fake hosts
 def test_happy_path_forms_one_world(agents: Agents, port: int, count: int) -> None:
     started = [agents.start(f"a{i}", f"127.0.0.1:{port}", nnodes=str(count)) for i in range(count)]
     for agent in started:
