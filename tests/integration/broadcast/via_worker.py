@@ -260,7 +260,9 @@ def main() -> None:
     inject(os.environ.get("DISTINIT_TEST_FAULT", ""), rank)
     result = scenario(sys.argv[1], rank, events)
     result["segments_after"] = segments()
-    print("RESULT " + json.dumps(result), flush=True)
+    # One write(2) for the whole line: under PYTHONUNBUFFERED (CI images set it) print writes the text and the
+    # newline separately, and torchrun's ranks share one stdout pipe, so two ranks' lines could merge into one.
+    os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())
     if "error" not in result:  # after a lost peer the group is unusable: just exit
         dist.destroy_process_group()
 
