@@ -23,6 +23,7 @@ FileTimer"):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -96,9 +97,16 @@ class _Request(FileTimerRequest):
 
 
 def _ascii(scope: str) -> str:
-    if scope.isascii() and scope.isprintable():
-        return scope[:MAX_SCOPE_CHARS]
-    return scope.encode("unicode_escape").decode("ascii")[:MAX_SCOPE_CHARS]
+    """``scope`` as printable ASCII of at most MAX_SCOPE_CHARS; distinct scopes stay distinct.
+
+    A longer one keeps its head and ends with ``#`` and a digest of the whole id: a cut alone would merge
+    two long scopes of one worker into one timer (releasing one would disarm the other).
+    """
+    kept = scope if scope.isascii() and scope.isprintable() else scope.encode("unicode_escape").decode("ascii")
+    if len(kept) <= MAX_SCOPE_CHARS:
+        return kept
+    digest = hashlib.blake2b(kept.encode("ascii"), digest_size=8).hexdigest()
+    return f"{kept[: MAX_SCOPE_CHARS - len(digest) - 1]}#{digest}"
 
 
 def caught_signals(pid: int) -> int:

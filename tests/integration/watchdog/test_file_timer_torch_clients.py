@@ -300,3 +300,31 @@ def test_a_client_used_after_fork_dumps_into_its_own_file_and_leaves_the_parents
     client.release("parent")
     client.close()
     assert not os.path.exists(ours)
+
+
+def _two_scopes_then_hang(fifo: str, hung: str, released: str) -> None:
+    client = FileTimerClient(fifo)
+    client.acquire(hung, time.time() + 0.5)
+    client.acquire(released, time.time() + 60)
+    client.release(released)
+    time.sleep(60)  # hung in ``hung``: its timer must still be armed
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [pytest.param("x" * 1500, id="long"), pytest.param("\u00e9" * 300, id="non-ascii")],
+)
+def test_scopes_that_differ_only_past_the_kept_length_stay_apart(
+    server: FileTimerServer, fifo: str, prefix: str
+) -> None:
+    # Found by attack: scope ids were cut to 1024 kept characters (a non-ASCII character is kept as 4), so
+    # two long scopes of one worker shared a timer: releasing one disarmed the other and a hung worker
+    # ran unguarded. torch keys by the whole scope id.
+    child = mp.get_context("fork").Process(target=_two_scopes_then_hang, args=(fifo, prefix + "A", prefix + "B"))
+    child.start()
+    child.join(30)
+    if child.exitcode is None:  # never leave it behind: stop it, by pid, and fail
+        child.kill()
+        child.join(10)
+        pytest.fail(f"the worker (pid {child.pid}) hung in its armed scope for 30 s and was not killed")
+    assert child.exitcode == -signal.SIGKILL
