@@ -244,7 +244,9 @@ class FileTimerClient:
             stack.close()
 
     def _write(self, line: bytes) -> None:
-        if len(line) - 1 > MAX_LINE_BYTES:  # torch's limit, on the JSON without its newline
+        # The line with its newline must fit one atomic FIFO write: a longer write can be cut short (O_NONBLOCK)
+        # or interleaved with other workers' lines. torch checks the JSON without its newline (one byte more).
+        if len(line) > MAX_LINE_BYTES:
             raise RuntimeError(
                 f"FileTimerRequest larger than {MAX_LINE_BYTES} bytes is not supported: {line[:200]!r}..."
             )

@@ -53,6 +53,8 @@ _READ_BUDGET = 1 << 20
 _WARN_EVERY = 5.0
 _SWEEP_EVERY = 0.1
 _SIGNAL_MAX = int(_signal.SIGRTMAX)
+# How every request line of torch's and distinit's clients begins (json.dumps of a dict led by "version").
+_LINE_START = b'{"version"'
 
 LogEvent = Callable[[str, FileTimerRequest | None], None]
 
@@ -227,6 +229,8 @@ class FileTimerServer:
         self._sink = EventSink(events)
         try:
             self._rfd, self._wfd = make_fifo(file_path)
+            st = os.fstat(self._rfd)
+            self._fifo_id = (st.st_dev, st.st_ino)  # stop() removes this FIFO only, not a successor's
         except BaseException:
             self._sink.close()
             raise
@@ -284,8 +288,8 @@ class FileTimerServer:
         self._rfd = self._wfd = -1
         with contextlib.suppress(OSError):
             st = os.lstat(self._file_path)
-            if stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid():
-                os.unlink(self._file_path)
+            if stat.S_ISFIFO(st.st_mode) and (st.st_dev, st.st_ino) == self._fifo_id:
+                os.unlink(self._file_path)  # a second server on this path made its own FIFO: leave that one
         for ref in self._procs.values():
             if ref is not None:
                 ref.close()
@@ -357,8 +361,15 @@ class FileTimerServer:
         lines = data.split(b"\n")
         self._pending = lines.pop()
         for line in lines:
-            if self._skipping:  # the rest of an oversized line
-                self._skipping = False
+            skipping, self._skipping = self._skipping, False
+            resync = line.rfind(_LINE_START)
+            if resync > 0 or (skipping and resync == 0):
+                # A writer left half a line (it died, or holds the FIFO open and writes no newline): the next
+                # client's whole line was appended to it. Every client's line starts with _LINE_START, and a
+                # client writes its line at once (≤ PIPE_BUF: atomic), so its line is the tail from there.
+                self._reject(f"{resync} bytes of an unfinished line before a request")
+                line = line[resync:]
+            elif skipping:  # the rest of an oversized line
                 continue
             if len(line) > MAX_LINE_BYTES:  # torch's client sends up to PIPE_BUF bytes before the newline
                 self._reject(f"a line of {len(line)} bytes (limit {MAX_LINE_BYTES})")

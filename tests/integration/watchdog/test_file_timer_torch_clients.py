@@ -11,6 +11,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import select
 import shutil
 import signal
 import stat
@@ -328,3 +329,53 @@ def test_scopes_that_differ_only_past_the_kept_length_stay_apart(
         child.join(10)
         pytest.fail(f"the worker (pid {child.pid}) hung in its armed scope for 30 s and was not killed")
     assert child.exitcode == -signal.SIGKILL
+
+
+def _hang_in(fifo: str, scope: str) -> None:
+    FileTimerClient(fifo).acquire(scope, time.time() + 0.5)
+    time.sleep(60)
+
+
+def _join_killed(child: mp.process.BaseProcess, what: str) -> int | None:
+    child.join(30)
+    if child.exitcode is None:  # never leave it behind: stop it, by pid, and fail
+        child.kill()
+        child.join(10)
+        pytest.fail(f"the worker (pid {child.pid}) {what} and was not killed within 30 s")
+    return child.exitcode
+
+
+def test_half_a_line_held_open_does_not_swallow_the_next_request(server: FileTimerServer, fifo: str) -> None:
+    # Found by attack: a writer that leaves half a line and keeps the FIFO open made the server read the
+    # next client's whole acquire as the end of that line, refuse it as bad JSON, and leave a hung worker
+    # unguarded. torch's server does the same.
+    hostile = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(hostile, b'{"version": 1, "pid": 12')
+        child = mp.get_context("fork").Process(target=_hang_in, args=(fifo, "step"))
+        child.start()
+        assert _join_killed(child, "hung after a half line") == -signal.SIGKILL
+        os.write(hostile, b"x" * (3 * select.PIPE_BUF))  # past the longest line: the server drops it unread
+        child = mp.get_context("fork").Process(target=_hang_in, args=(fifo, "step"))
+        child.start()
+        assert _join_killed(child, "hung after an overlong half line") == -signal.SIGKILL
+    finally:
+        os.close(hostile)
+
+
+def test_stopping_a_replaced_server_leaves_its_successors_fifo(fifo: str) -> None:
+    # Found by attack: a second server on the same path replaces the FIFO (as torch's does), and the first
+    # one's stop() then removed the second one's FIFO, so every later client got BrokenPipeError.
+    first = FileTimerServer(fifo, "job", max_interval=MAX_INTERVAL)
+    first.start()
+    second = FileTimerServer(fifo, "job", max_interval=MAX_INTERVAL)
+    second.start()
+    try:
+        first.stop()
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+        child = mp.get_context("fork").Process(target=_hang_in, args=(fifo, "step"))
+        child.start()
+        assert _join_killed(child, "hung under the second server") == -signal.SIGKILL
+    finally:
+        second.stop()
+    assert not os.path.exists(fifo)

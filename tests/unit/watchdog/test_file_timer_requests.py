@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import time
 from pathlib import Path
@@ -116,3 +117,22 @@ def test_no_server_raises_broken_pipe_or_fails_open_once(tmp_path: Path, caplog:
     assert len([r for r in caplog.records if "fail_open" in r.getMessage()]) == 1
     with pytest.raises(TypeError, match="signal must be an int"):
         FileTimerClient(missing, signal="SIGKILL")  # type: ignore[arg-type]
+
+
+def test_a_request_line_must_fit_one_atomic_fifo_write(tmp_path: Path) -> None:
+    # The line with its newline is one write of at most PIPE_BUF bytes: a longer one can be cut short or
+    # interleaved with other workers' lines (torch's client allows one byte more).
+    fifo = str(tmp_path / "fifo")
+    rfd, wfd = make_fifo(fifo)
+    try:
+        client = FileTimerClient(fifo)
+        client.acquire("s", 1.0)
+        overhead = len(os.read(rfd, 65536)) - 1
+        client.acquire("s" * (select.PIPE_BUF - overhead), 1.0)
+        assert len(os.read(rfd, 65536)) == select.PIPE_BUF
+        with pytest.raises(RuntimeError, match="larger than"):
+            client.acquire("s" * (select.PIPE_BUF - overhead + 1), 1.0)
+        client.close()
+    finally:
+        os.close(rfd)
+        os.close(wfd)
