@@ -118,3 +118,17 @@ def test_a_job_killed_while_writing_leaves_nothing(tmp_path: Path) -> None:
     assert all(r == {"exit": "no result"} for r in results), results
     assert (meet / "listing").read_text().split() == []
     assert (meet / "stale").read_text().strip() == "[]"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to drop CAP_SYS_PTRACE")
+def test_a_leader_readers_cannot_reach_through_proc_is_named_on_every_rank(tmp_path: Path) -> None:
+    # /proc/<leader>/fd unreadable (hidepid, a non-dumpable leader, no CAP_SYS_PTRACE): the readers cannot
+    # open the segment; every rank raises the same named error at once, and nothing is left behind.
+    drop = ["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"]
+    worker = [*drop, sys.executable, str(Path(__file__).with_name("via_worker.py")), "one-tensor"]
+    env = {"DISTINIT_TEST_FAULT": "non-dumpable-leader", "VIA_TIMEOUT": "60"}
+    results = Job(tmp_path, "one-tensor", [(range(3), None)], env=env, command=worker).results(timeout=100)
+    assert [r.get("error") for r in results] == ["BroadcastMismatchError"] * 3, results
+    assert all(r["ranks"] == [1, 2] and "EACCES" in r["text"] and r["elapsed"] < 30 for r in results), results
+    assert segments() == []

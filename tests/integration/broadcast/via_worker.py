@@ -169,6 +169,10 @@ def inject(fault: str, rank: int) -> None:
             return result
 
         _shm.Segment.attach = attach_then_die  # type: ignore[method-assign]
+    if fault == "non-dumpable-leader" and rank == 0:  # its /proc/<pid>/fd is then root's: readers need CAP_SYS_PTRACE
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     if fault in ("attack-before-seal", "attack-after-seal", "kill-while-writing") and rank == 0:
         _pause_leader(fault)
     if fault in FILE_ATTACKS and rank == 0:
