@@ -68,7 +68,6 @@ class DistEnv(BaseModel):
         notes: assumptions made and warnings, in words.
     """
 
-    __module__ = "distinit.env"  # its public home: reprs and pickles never name a private module
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rank: int = Field(ge=0)
@@ -147,3 +146,12 @@ class DistEnv(BaseModel):
                 fix=master_addr_fix(self.launcher),
             )
         os.environ.update(self.to_environ())
+
+
+# Its public home, so reprs and pickles never name a private module. Set after the class is built, not
+# in its body: pydantic resolves the (string) annotations in the namespace of ``__module__``, and
+# ``distinit.env`` is still empty while this module runs, so a ``__module__`` set in the body left the
+# schema unbuilt at import (``__pydantic_complete__`` False); every model that names ``DistEnv``
+# (``InitReport``, ``SetupResult``) then rebuilt its schema inline, and the first ``DistEnv(...)`` rebuilt
+# it once more.
+DistEnv.__module__ = "distinit.env"
