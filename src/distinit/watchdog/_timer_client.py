@@ -22,6 +22,7 @@ import faulthandler
 import functools
 import json
 import logging
+import math
 import os
 import select
 import signal as _signal
@@ -260,11 +261,9 @@ class FileTimerClient:
                 os.write(fd, line)
                 return
             except BlockingIOError:
-                if self._wait_room(fd):
-                    with contextlib.suppress(BlockingIOError):
-                        os.write(fd, line)
-                        return
-                self._unavailable("the FIFO stayed full for 1 s: the server is not reading it")
+                if self._write_when_room(fd, line):
+                    return
+                self._unavailable(f"the FIFO stayed full for {_FULL_WAIT:g} s: the server is not reading it")
                 return
             except OSError:  # EPIPE: the server went away; its successor made a new FIFO: reopen once
                 self.close()
@@ -274,10 +273,23 @@ class FileTimerClient:
         return
 
     @staticmethod
-    def _wait_room(fd: int) -> bool:
+    def _write_when_room(fd: int, line: bytes) -> bool:
+        """Write ``line`` once the full FIFO has room, within _FULL_WAIT; False when it stayed full.
+
+        Other threads and workers write to the same FIFO: room seen by poll can be taken before this
+        write, so it waits again (a single retry raised BrokenPipeError from a busy, healthy server).
+        """
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
-        return bool(poller.poll(int(_FULL_WAIT * 1000)))
+        deadline = time.monotonic() + _FULL_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            poller.poll(max(1, math.ceil(left * 1000)))
+            try:
+                os.write(fd, line)
+            except BlockingIOError:
+                continue
+            return True
+        return False
 
     def _open(self) -> bool:
         """Open the FIFO for writing (torch: 10 tries 0.1 s apart); False when failing open."""

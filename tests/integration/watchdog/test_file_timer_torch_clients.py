@@ -8,6 +8,7 @@ under torchrun the daemon takes the agent's place as the job's FileTimer server.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import multiprocessing as mp
 import os
@@ -17,6 +18,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +28,11 @@ from wd_helpers import Workers, expired_for, read_events, read_json_line, torchr
 
 from distinit.watchdog._proc import start_time
 from distinit.watchdog._timer_client import stack_path
-from distinit.watchdog.elastic import FileTimerClient, FileTimerServer
+from distinit.watchdog.elastic import FileTimerClient, FileTimerServer, configure, expires
 
 FT_WORKER = str(Path(__file__).with_name("ft_worker.py"))
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 # Much longer than any deadline below: an expiry noticed only at the end of an interval would show.
 MAX_INTERVAL = 5.0
 TORCHRUN_TAIL = ("--monitor-interval", "0.1", FT_WORKER, "torch", "-", "1.0")
@@ -379,3 +382,42 @@ def test_stopping_a_replaced_server_leaves_its_successors_fifo(fifo: str) -> Non
     finally:
         second.stop()
     assert not os.path.exists(fifo)
+
+
+def _threads_share_one_client(fifo: str) -> None:
+    errors: list[str] = []
+
+    def regions(i: int) -> None:
+        try:
+            for _ in range(300):
+                with expires(after=30, scope=f"thread-{i}"):
+                    pass
+        except Exception as exc:  # the test reads them from the exit status
+            errors.append(repr(exc))
+
+    configure(FileTimerClient(fifo))
+    threads = [threading.Thread(target=regions, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    os._exit(3 if errors else 0)
+
+
+def test_a_client_shared_by_threads_waits_for_room_in_a_full_fifo(server: FileTimerServer, fifo: str) -> None:
+    # Found by attack: eight threads of one worker through one client, the FIFO full; a thread woken when
+    # room appeared lost it to another thread and raised BrokenPipeError after a single retry, though the
+    # server was reading. A one-page FIFO makes the contention certain.
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, 4096)
+    finally:
+        os.close(fd)
+    child = mp.get_context("fork").Process(target=_threads_share_one_client, args=(fifo,))
+    child.start()
+    child.join(60)
+    if child.exitcode is None:
+        child.kill()
+        child.join(10)
+        pytest.fail(f"the worker (pid {child.pid}) did not finish 4800 requests in 60 s")
+    assert child.exitcode == 0, "a thread's request failed: the FIFO was full and the client gave up"
