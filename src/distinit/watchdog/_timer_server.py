@@ -455,8 +455,10 @@ class FileTimerServer:
                 else:
                     reaped.discard(pid)
             self._dumps, self._signalled = {}, {}
-        # Exited workers' timers are swept every 0.1 s at most (a procfs read per worker), reaped ones at once.
-        if reaped or time.monotonic() - self._swept_at >= min(_SWEEP_EVERY, self._max_interval):
+        # Exited workers' timers are swept every 0.1 s at most (a procfs read per worker), reaped ones at once,
+        # and always in run_once()'s last pass (as torch's every pass): a request read just after a sweep
+        # (here the thread woke on the first of two lines) must not outlive run_once().
+        if reaped or self._run_once or time.monotonic() - self._swept_at >= min(_SWEEP_EVERY, self._max_interval):
             self.clear_timers(reaped)
 
     def _begin_dumps(self, pids: list[int]) -> dict[int, tuple[str, int, float]]:

@@ -136,3 +136,18 @@ def test_a_request_line_must_fit_one_atomic_fifo_write(tmp_path: Path) -> None:
     finally:
         os.close(rfd)
         os.close(wfd)
+
+
+def test_run_once_drops_timers_of_processes_that_are_gone(tmp_path: Path) -> None:
+    # torch's test_expired_timers, as a race: the server thread woke on the first of two lines (an expired
+    # timer of pid -3), reaped, then read a valid timer of the same pid just after its sweep; run_once()
+    # kept it, since sweeps of exited workers are rate-limited. run_once()'s last pass always sweeps.
+    server = FileTimerServer(str(tmp_path / "fifo"), "test", max_interval=5)
+    try:
+        server.register_timers([FileTimerRequest(-3, "test1", time.time() - 60, signal.SIGKILL)])
+        server._reap_expired()
+        server.register_timers([FileTimerRequest(-3, "test2", time.time() + 60, signal.SIGKILL)])
+        server.run_once()
+        assert server._timers == {}
+    finally:
+        server.stop()
