@@ -10,8 +10,14 @@ from "imports at the top" as ``distinit/__init__.py``, for the same reason.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+if TYPE_CHECKING:
+    # Not at run time: importing torch's rendezvous package walks the ``torchrun.handlers`` entry points and
+    # asks this package for ``handler``. Importing it from here would ask before ``handler`` exists whenever
+    # ``distinit.rendezvous`` is imported first (a user's ``except AgentRendezvousTimeoutError``): torch
+    # then logs "partially initialized module" and the backend is missing from that process.
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 
 
 def handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
