@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 from datetime import timedelta
 from typing import Any
@@ -36,10 +37,15 @@ def gather_bytes(document: Any, *, world_size: int, timeout: float, group: Any =
     mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     gathered = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world_size)]
     dist.all_gather(gathered, mine, group=group, async_op=True).wait(bound)
-    return [
-        bytes(t[:n].numpy().tobytes()) if 1 <= n <= MAX_BYTES else None
-        for t, n in zip(gathered, announced, strict=True)
-    ]
+    return [_bytes_of(t[:n]) if 1 <= n <= MAX_BYTES else None for t, n in zip(gathered, announced, strict=True)]
+
+
+def _bytes_of(tensor: Any) -> bytes:
+    """The bytes of a contiguous CPU uint8 tensor, read without numpy.
+
+    torch does not require numpy, so ``.numpy()`` fails on a clean install (``Numpy is not available``).
+    """
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel())
 
 
 def gather_json(document: Any, *, world_size: int, timeout: float, group: Any = None) -> list[Any]:

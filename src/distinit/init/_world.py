@@ -15,6 +15,7 @@ garbage but cannot make this rank allocate more than ``ROW`` bytes per rank.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -120,7 +121,8 @@ def exchange(
     work = gather(rows, mine, async_op=True)
     if work is None or not work.wait(timeout=to_timedelta(max(end - time.monotonic(), 1.0))):
         raise RuntimeError("the identity all_gather did not complete")
-    data = rows.cpu().numpy().tobytes()
+    host = rows.cpu().contiguous()
+    data = ctypes.string_at(host.data_ptr(), host.numel())  # not .numpy(): torch does not require numpy
     return [_decode(data[i * ROW : (i + 1) * ROW], i, rank=claim.rank) for i in range(world_size)]
 
 
