@@ -181,6 +181,9 @@ def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
         known.extend(int(value) for value in values)
 
 
+#: The last beat of a rank whose watch stopped on purpose (teardown(), or its group destroyed).
+BYE = "bye"
+
 #: What a failed collective says when a peer went away (gloo's and NCCL's wordings; matched, never parsed).
 PEER_CLOSED = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|ncclRemoteError|remote process exited"
@@ -223,7 +226,12 @@ class Liveness:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop beating and watching (before the group and its store are destroyed)."""
+        """Stop beating and watching (before the group and its store are destroyed).
+
+        The thread's last act is a ``bye`` beat, so watchers know this rank left on purpose: a rank that
+        finished and called ``teardown()`` is no "stopped" warning on a rank 0 that is still saving a
+        checkpoint. Written by the thread, the join below bounds what a dead store can cost at exit.
+        """
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -246,7 +254,9 @@ class Liveness:
                         warned.add(silent.rank)
                         self._warn(silent)
                 if self._stop.wait(self._beat_every) or not dist.is_initialized():
-                    return  # stopped, or the group was destroyed without teardown(): let go of its store
+                    # stopped, or the group was destroyed without teardown(): say so, then let go of its store
+                    self.store.set(f"beat/{self.rank}", BYE)
+                    return
         except (dist.DistError, RuntimeError, OSError, ValueError, AttributeError) as exc:
             # The store went away (or was let go of by stop()): nothing left to watch.
             if not self._stop.is_set():
@@ -265,6 +275,9 @@ class Liveness:
         values = self.store.multi_get([f"beat/{r}" for r in present])
         now, out = time.monotonic(), []
         for rank, value in zip(present, values, strict=True):
+            if value == BYE.encode():  # left on purpose (teardown): never silent, never lost
+                seen.pop(rank, None)
+                continue
             before = seen.get(rank)
             if before is None or before[0] != value:
                 seen[rank] = (value, now)

@@ -22,7 +22,7 @@ from init_launch import free_port
 WORKER = Path(__file__).with_name("_after_setup_worker.py")
 
 
-def _start(rank: int, world: int, port: int, where: Path) -> subprocess.Popen[bytes]:
+def _start(rank: int, world: int, port: int, where: Path, **spec: object) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
     env.update(
         RANK=str(rank),
@@ -36,7 +36,7 @@ def _start(rank: int, world: int, port: int, where: Path) -> subprocess.Popen[by
     log = (where / f"rank{rank}.log").open("wb")
     with log:
         return subprocess.Popen(
-            [sys.executable, str(WORKER), json.dumps({"dir": str(where)})],
+            [sys.executable, str(WORKER), json.dumps({"dir": str(where), **spec})],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -70,3 +70,23 @@ def test_a_rank_killed_after_setup_is_named_by_the_survivors(tmp_path: Path) -> 
         assert procs[rank].returncode != 0, log
         assert "the collective failed because a peer went away" in log, log
         assert named in log and "its process is gone" in log and "last heartbeat" in log, log
+
+
+@pytest.mark.timeout(240)
+def test_ranks_that_finish_first_are_no_lost_ranks(tmp_path: Path) -> None:
+    # A normal end where rank 0 outlives the others by more than the loss bound (5 s at this size): the
+    # others' teardown() says goodbye on the store, so rank 0 warns about nobody.
+    port, world = free_port(), 2
+    procs = [_start(r, world, port, tmp_path, mode="finish", work=8.0) for r in range(world)]
+    try:
+        for proc in procs:
+            proc.wait(timeout=200)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in range(world)]
+    assert [proc.returncode for proc in procs] == [0, 0], logs
+    assert (tmp_path / "ready1").exists() and (tmp_path / "ready0").exists(), logs
+    assert "no heartbeat" not in logs[0] and "stopped" not in logs[0], logs[0]
