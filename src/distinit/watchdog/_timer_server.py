@@ -104,7 +104,8 @@ def _ascii(scope: str) -> str:
     A longer one keeps its head and ends with ``#`` and a digest of the whole id: a cut alone would merge
     two long scopes of one worker into one timer (releasing one would disarm the other).
     """
-    kept = scope if scope.isascii() and scope.isprintable() else scope.encode("unicode_escape").decode("ascii")
+    plain = scope.isascii() and scope.isprintable() and "\\" not in scope  # a backslash is escaped too: "é" ≠ r"\xe9"
+    kept = scope if plain else scope.encode("unicode_escape").decode("ascii")
     if len(kept) <= MAX_SCOPE_CHARS:
         return kept
     digest = hashlib.blake2b(kept.encode("ascii"), digest_size=8).hexdigest()

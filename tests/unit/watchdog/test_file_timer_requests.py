@@ -151,3 +151,11 @@ def test_run_once_drops_timers_of_processes_that_are_gone(tmp_path: Path) -> Non
         assert server._timers == {}
     finally:
         server.stop()
+
+
+def test_an_escaped_scope_never_equals_a_literal_one() -> None:
+    # "é" is kept as the escape \xe9; the literal 4-character scope "\xe9" must stay another scope.
+    literal, accented = parse_request(_line(scope_id="\\xe9")), parse_request(_line(scope_id="\u00e9"))
+    assert isinstance(literal, FileTimerRequest) and isinstance(accented, FileTimerRequest)
+    assert literal.scope_id != accented.scope_id
+    assert parse_request(_line(scope_id="step-3")).scope_id == "step-3"  # plain scopes are kept as they are
