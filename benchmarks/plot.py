@@ -646,6 +646,36 @@ def torchrun(data: dict[str, Any]) -> Section:
     return "torchrun: --rdzv-backend=distinit vs c10d", lines
 
 
+# ---------------------------------------------------------------------------------------------- import
+def import_cost(data: dict[str, Any]) -> Section:
+    rows = {name: row for name, row in data["rows"].items() if name != "import torch"}
+    names = list(rows)
+    own = [rows[n]["step_s"] * 1e3 - rows[n]["gc_full_s"] * 1e3 for n in names]
+    pause = [rows[n]["gc_full_s"] * 1e3 for n in names]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(names) + 1.0))
+    ax.barh(range(len(names)), own, color=OURS, label="the step itself")
+    ax.barh(range(len(names)), pause, left=own, color=FLOOR, label="full GC left due by import torch")
+    for (step, target), style in zip(data["targets_s"].items(), (":", "--"), strict=True):
+        ax.axvline(target * 1e3, color=THEIRS, ls=style, lw=1, label=f"target: {step} <= {target * 1e3:.0f} ms")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms over import torch ({data['rows']['import torch']['torch_s']:.2f} s), median per step")
+    ax.legend(fontsize=6.5, loc="lower right")
+    lines = [
+        save(fig, "import_cost"),
+        "",
+        "Fresh interpreters, median of each; _as seen_ runs right after `import torch`, _own work_ after a",
+        "`gc.collect()` that pays the full collection `import torch` leaves due. Judged on the wall-clock median;",
+        "the CPU-time median leaves out the time the process waited for a core on this loaded machine.",
+        "",
+    ]
+    for v in data["verdicts"]:
+        cpu = f", CPU {v['cpu_s'] * 1e3:.1f} ms" if "cpu_s" in v else ""
+        said = "**met**" if v["met"] else f"**missed**: {v['reason']}"
+        lines.append(f"- {v['target']}, {v['figure']}: {v['measured_s'] * 1e3:.1f} ms{cpu}: {said}")
+    return "Import: cost over import torch", lines
+
+
 # ---------------------------------------------------------------------------------------------- cuda
 CUDA_PANELS = (
     ("nccl world 1", "model B: ", "NCCL, world 1: model B (2000 x 4 KB on the GPU)"),
@@ -850,6 +880,7 @@ def sections() -> list[str]:
         ),
         ("testing", "Testing", lambda d: [("cost", lambda: testing(d))]),
         ("doctor", "Doctor", lambda d: [("tiers", lambda: doctor(d))]),
+        ("import", "Import", lambda d: [("cost", lambda: import_cost(d))]),
         ("torchrun", "torchrun", lambda d: [("rendezvous", lambda: torchrun(d))]),
         ("scale", "Scale", lambda d: [("header", lambda: scale_header(d))]),
         ("cuda", "CUDA", lambda d: [("gpu", lambda: cuda(d))]),
