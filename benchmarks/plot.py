@@ -673,6 +673,12 @@ def import_cost(data: dict[str, Any]) -> Section:
         cpu = f", CPU {v['cpu_s'] * 1e3:.1f} ms" if "cpu_s" in v else ""
         said = "**met**" if v["met"] else f"**missed**: {v['reason']}"
         lines.append(f"- {v['target']}, {v['figure']}: {v['measured_s'] * 1e3:.1f} ms{cpu}: {said}")
+    for name, row in rows.items():
+        if name.startswith("control"):
+            lines.append(
+                f"- {name.split(' | ')[0]} (not distinit) right after `import torch`: {row['step_s'] * 1e3:.1f} ms, "
+                f"{row['gc_full_s'] * 1e3:.0f} ms of it the same full collection: whatever allocates first pays it"
+            )
     return "Import: cost over import torch", lines
 
 
