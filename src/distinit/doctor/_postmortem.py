@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from datetime import timedelta
 
 from distinit.doctor._model import Check
@@ -25,6 +26,9 @@ logger = logging.getLogger("distinit.doctor")
 SHARE_S = 3.0
 _KEY = "distinit-doctor/local/{rank}"
 _MERGED = "distinit-doctor/merged"
+_ACK = "distinit-doctor/read/{rank}"
+#: The longest rank 0 keeps its store up for the others to read ``merged`` (within the exchange's bound).
+ACK_S = 1.0
 
 
 def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) -> dict[int, PeerLocal | str] | None:
@@ -41,6 +45,7 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
     from distinit.init._attempt import AttemptFailed
     from distinit.init._store import connect_store, host_store
 
+    started = time.monotonic()
     mine = PeerLocal(rank=env.rank, host=host[:NAME_CHARS], local=tuple(local))
     bound = timedelta(seconds=timeout)
     try:
@@ -48,6 +53,7 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
             store = connect_store(env.master_addr, env.master_port, timeout=timeout)
             store.set(_KEY.format(rank=env.rank), mine.model_dump_json())
             store.wait([_MERGED], bound)
+            store.set(_ACK.format(rank=env.rank), "1")  # rank 0 keeps its store until this is read
             return None
         store = host_store(env.master_addr, env.master_port, timeout=timeout)
     except (AttemptFailed, RuntimeError, dist.DistError) as exc:  # DistStoreError is a RuntimeError
@@ -61,4 +67,10 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
         if store.check([key]):
             found[rank] = parse_local(store.get(key), rank=rank)
     store.set(_MERGED, "1")
+    # Closing the store while a rank still waits for ``merged`` fails that wait with torch's native trace on
+    # the rank's stderr: hold it until every rank that answered has read it (bounded by what is left).
+    acks = [_ACK.format(rank=r) for r in found if r != 0]
+    left = max(0.1, min(ACK_S, timeout - (time.monotonic() - started)))
+    with contextlib.suppress(RuntimeError, dist.DistError):
+        store.wait(acks, timedelta(seconds=left))
     return found

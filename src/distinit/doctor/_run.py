@@ -24,6 +24,8 @@ from distinit.env import DistEnv
 #: Share of the timeout kept back from the rendezvous for the checks after it (at most RESERVE_CAP s).
 RESERVE_SHARE = 0.3
 RESERVE_CAP = 15.0
+#: World failures at the rendezvous endpoint (``MASTER_ADDR:MASTER_PORT``), where no post-mortem merge can go.
+ENDPOINT_ERRORS = ("PortInUseError:", "MasterUnreachableError:")
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,11 @@ def _world(
 
     def failed(world: Check, why: str) -> list[Check]:
         rest = skipped(world_ids(bandwidth=options.bandwidth, nccl=options.nccl)[1:], why)
+        # The rendezvous endpoint itself failed (held by another program, unreachable): a merge through it
+        # would only wait again and add torch's native connect trace to every rank's output.
+        endpoint = world.summary.startswith(ENDPOINT_ERRORS)
         world = follows_from(world, local)
-        shared = share_local(env, local, host=identity.hostname, timeout=min(SHARE_S, budget()))
+        shared = None if endpoint else share_local(env, local, host=identity.hostname, timeout=min(SHARE_S, budget()))
         if shared is None:  # a rank other than 0, or nothing to merge: this rank's own checks
             return [*local, *_tell(on_check, [world, *rest])]
         return _tell(on_check, [*unformed_world(world, shared), *rest])

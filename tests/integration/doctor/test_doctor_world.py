@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,8 @@ def test_a_bad_interface_at_world_four_is_one_failure_in_few_short_lines(port: i
     assert [proc.returncode for proc in procs] == [1, 1, 1, 1], [err.decode()[-2000:] for _, err in outputs]
     lines = [line for text in texts for line in text.splitlines()]
     assert len(lines) <= 40, "\n".join(lines)
+    # the post-mortem merge adds no noise: no rank's store wait outlives rank 0's store (torch's native trace)
+    assert not any(b"frame #" in err or b"TCPStore" in err for _, err in outputs), [err.decode() for _, err in outputs]
     assert max(len(line) for line in lines) <= LINE_CHARS, max(lines, key=len)
     # rank 0's own route line, then the merged one: the same single cause
     assert [line.split()[:2] for line in lines if line.startswith("  FAIL")] == [["FAIL", "route"]] * 2, texts[0]
@@ -117,3 +120,37 @@ def test_a_bad_interface_at_world_four_is_one_failure_in_few_short_lines(port: i
         assert "FAILED (1 failed: route)" in text and "ok;" not in text
     fix = next(line for line in texts[0].splitlines() if line.startswith("  route: "))
     assert "export GLOO_SOCKET_IFNAME=" in fix and "or unset it" in fix  # the variable is set: unsetting is a fix
+
+
+@pytest.mark.timeout(120)
+def test_a_foreign_program_on_master_port_is_one_failure_without_native_traces(port: int, tmp_path: Path) -> None:
+    """A program that listens on MASTER_PORT and never answers: the world fails once (port in use on rank 0,
+    unreachable on rank 1); the post-mortem merge, at that same endpoint, is not tried, so no rank waits on
+    it again or prints torch's native connect trace."""
+    foreign = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    foreign.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    foreign.bind(("127.0.0.1", port))
+    foreign.listen(8)  # accepts nothing: a connect lands in the backlog and hears nothing
+    procs = [
+        subprocess.Popen(
+            [*DOCTOR, "--timeout", "20"],
+            env=rank_environ(rank, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=90) for proc in procs]
+    finally:
+        foreign.close()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert [proc.returncode for proc in procs] == [1, 1], [err.decode()[-2000:] for _, err in outputs]
+    errors = [err.decode() for _, err in outputs]
+    assert not any("frame #" in err or "TCPStore" in err for err in errors), errors
+    assert "PortInUseError" in outputs[0][0].decode(), outputs[0][0].decode()
+    assert outputs[1][0].decode().count("\n") == 1, outputs[1][0].decode()
