@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.env._model import master_addr_fix
 from distinit.env._port import PORT_ADVICE
-from distinit.errors import ConflictingEnvError, IncompleteEnvError, SchedulerEnvError
+from distinit.errors import ConflictingEnvError, IncompleteEnvError, RankLostError, SchedulerEnvError
 from distinit.integrations._placement import (
     exchanged_layout,
     launch_flags,
@@ -255,6 +255,7 @@ class DistinitEnvironment(_Base):
             TypeError: ``num_devices`` or ``num_nodes`` is not an ``int``.
             ConflictingEnvError: ``devices`` differs from the processes the launcher started on a node (or the
                 nodes run different numbers), or ``devices * num_nodes`` from the world size.
+            RankLostError: after ``distinit.setup()``, a rank went away before the comparison (it is named).
         """
         for name, value in (("num_devices", num_devices), ("num_nodes", num_nodes)):
             if not isinstance(value, int) or isinstance(value, bool):
@@ -346,7 +347,8 @@ def _exchange(env: DistEnv, devices: int, num_nodes: int) -> list[list[int]] | N
     None without a default process group of this world (then only the launcher's facts are known).
 
     Raises:
-        ConflictingEnvError: the peers did not answer within :data:`AGREE_TIMEOUT` (one of them failed first).
+        RankLostError: a peer went away or did not answer within :data:`AGREE_TIMEOUT`, naming it when
+            ``distinit.setup()``'s liveness can.
     """
     import torch
     import torch.distributed as dist
@@ -357,11 +359,34 @@ def _exchange(env: DistEnv, devices: int, num_nodes: int) -> list[list[int]] | N
     table = torch.zeros(env.world_size, 4, dtype=torch.int64, device=device)
     row = (-1 if env.node_rank is None else env.node_rank, env.local_world_size or 0, devices, num_nodes)
     table[env.rank] = torch.tensor(row, dtype=torch.int64)
-    work = dist.all_reduce(table, async_op=True)
-    if work is None or not work.wait(timeout=timedelta(seconds=AGREE_TIMEOUT)):  # pragma: no cover - torch raises
+    try:
+        work = dist.all_reduce(table, async_op=True)
+        done = work is not None and work.wait(timeout=timedelta(seconds=AGREE_TIMEOUT))
+    except (RuntimeError, dist.DistError) as exc:  # gloo/NCCL: a peer closed its connection, or the timeout
+        raise _peer_failed(env, exc) from exc
+    if not done:  # pragma: no cover - torch raises instead
         raise ConflictingEnvError(
             f"rank {env.rank}: the other ranks did not compare their Lightning settings within {AGREE_TIMEOUT:.0f} s.",
             why="another rank failed before it reached fit().",
             fix="see the other ranks' errors.",
         )
     return [[int(v) for v in r] for r in table.cpu().tolist()]
+
+
+def _peer_failed(env: DistEnv, exc: BaseException) -> RankLostError:
+    """The comparison's ``all_reduce`` failed: name the rank that went away (setup()'s liveness, bounded)."""
+    from distinit._foreign import first_line
+    from distinit.init import _setup
+    from distinit.init._heartbeat import peer_closed
+
+    liveness = _setup._Current.liveness
+    found = liveness.lost(_setup.LOST_BOUND) if liveness is not None and peer_closed(exc) else None
+    who = found or "another rank (none could be named: distinit.setup() did not form this group)"
+    return RankLostError(
+        f"rank {env.rank}: the ranks could not compare their Lightning settings before DDP init: {who}. "
+        f"The collective said: {first_line(exc)}",
+        rank=env.rank,
+        why="a rank ended (an exception, a kill, the launcher stopping it) or stalled after setup() and before "
+        f"fit(); the comparison waits at most {AGREE_TIMEOUT:.0f} s.",
+        fix="read the log of the rank named above for why it ended, then start the job again.",
+    )
