@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from distinit.doctor._model import Check
 from distinit.doctor._peer import NAME_CHARS, PeerLocal, parse_local
 from distinit.env import DistEnv
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
 
 logger = logging.getLogger("distinit.doctor")
 
@@ -29,6 +32,10 @@ _MERGED = "distinit-doctor/merged"
 _ACK = "distinit-doctor/read/{rank}"
 #: The longest rank 0 keeps its store up for the others to read ``merged`` (within the exchange's bound).
 ACK_S = 1.0
+#: Share of the bound rank 0 waits for the others' checks before it answers.
+COLLECT_SHARE = 0.6
+#: How often a waiting rank looks for the keys it waits for.
+POLL_S = 0.05
 
 
 def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) -> dict[int, PeerLocal | str] | None:
@@ -47,12 +54,12 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
 
     started = time.monotonic()
     mine = PeerLocal(rank=env.rank, host=host[:NAME_CHARS], local=tuple(local))
-    bound = timedelta(seconds=timeout)
     try:
         if env.rank != 0:
             store = connect_store(env.master_addr, env.master_port, timeout=timeout)
             store.set(_KEY.format(rank=env.rank), mine.model_dump_json())
-            store.wait([_MERGED], bound)
+            if not _await(store, [_MERGED], timeout):
+                return None
             store.set(_ACK.format(rank=env.rank), "1")  # rank 0 keeps its store until this is read
             return None
         store = host_store(env.master_addr, env.master_port, timeout=timeout)
@@ -60,8 +67,10 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
         logger.debug("rank %d: local checks not shared after the world failed: %s", env.rank, exc)
         return None
     keys = [_KEY.format(rank=r) for r in range(1, env.world_size)]
+    # Collect for part of the bound only: the ranks that answered wait for ``merged`` for all of it, and
+    # one that arrived a little before rank 0 must still hear it (a rank that never came costs the rest).
     with contextlib.suppress(RuntimeError, dist.DistError):  # some never answered: merge those that did
-        store.wait(keys, bound)
+        _await(store, keys, COLLECT_SHARE * timeout)
     found: dict[int, PeerLocal | str] = {0: mine}
     for rank, key in enumerate(keys, start=1):
         if store.check([key]):
@@ -72,5 +81,15 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
     acks = [_ACK.format(rank=r) for r in found if r != 0]
     left = max(0.1, min(ACK_S, timeout - (time.monotonic() - started)))
     with contextlib.suppress(RuntimeError, dist.DistError):
-        store.wait(acks, timedelta(seconds=left))
+        _await(store, acks, left)
     return found
+
+
+def _await(store: Store, keys: list[str], seconds: float) -> bool:
+    """Whether all ``keys`` are set within ``seconds``, polled: a timed-out ``store.wait`` logs torch's native trace."""
+    end = time.monotonic() + seconds
+    while not store.check(keys):
+        if time.monotonic() >= end:
+            return False
+        time.sleep(POLL_S)
+    return True
