@@ -90,23 +90,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(ranks: Ranks, por
 def test_a_bad_interface_at_world_four_is_one_failure_in_few_short_lines(port: int, tmp_path: Path) -> None:
     """``GLOO_SOCKET_IFNAME=nonexistent0`` under 4 ranks: one cause (``route``) once, not route + world + names;
     rank 0 prints its report, ranks 1-3 one line each with the same verdict; <= 40 lines, none over ~200."""
-    procs = [
-        subprocess.Popen(
-            [*DOCTOR, "--timeout", "30"],
-            env=rank_environ(rank, 4, port, GLOO_SOCKET_IFNAME="nonexistent0"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=tmp_path,
-        )
-        for rank in range(4)
-    ]
-    try:
-        outputs = [proc.communicate(timeout=90) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+    procs, outputs = _doctors([rank_environ(r, 4, port, GLOO_SOCKET_IFNAME="nonexistent0") for r in range(4)], tmp_path)
     texts = [out.decode() for out, _ in outputs]
     assert [proc.returncode for proc in procs] == [1, 1, 1, 1], [err.decode()[-2000:] for _, err in outputs]
     lines = [line for text in texts for line in text.splitlines()]
@@ -136,26 +120,31 @@ def test_a_foreign_program_on_master_port_is_one_failure_without_native_traces(p
     foreign.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     foreign.bind(("127.0.0.1", port))
     foreign.listen(8)  # accepts nothing: a connect lands in the backlog and hears nothing
-    procs = [
-        subprocess.Popen(
-            [*DOCTOR, "--timeout", "20"],
-            env=rank_environ(rank, 2, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=tmp_path,
-        )
-        for rank in range(2)
-    ]
     try:
-        outputs = [proc.communicate(timeout=90) for proc in procs]
+        procs, outputs = _doctors([rank_environ(rank, 2, port) for rank in range(2)], tmp_path, timeout="20")
     finally:
         foreign.close()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
     assert [proc.returncode for proc in procs] == [1, 1], [err.decode()[-2000:] for _, err in outputs]
     errors = [err.decode() for _, err in outputs]
     assert not any("frame #" in err or "TCPStore" in err for err in errors), errors
     assert "PortInUseError" in outputs[0][0].decode(), outputs[0][0].decode()
     assert outputs[1][0].decode().count("\n") == 1, outputs[1][0].decode()
+
+
+def _doctors(
+    environs: list[dict[str, str]], cwd: Path, *, timeout: str = "30"
+) -> tuple[list[subprocess.Popen[bytes]], list[tuple[bytes, bytes]]]:
+    """Run one ``distinit doctor --timeout TIMEOUT`` per environment at once; (processes, (stdout, stderr))."""
+    procs = [
+        subprocess.Popen(
+            [*DOCTOR, "--timeout", timeout], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd
+        )
+        for env in environs
+    ]
+    try:
+        return procs, [proc.communicate(timeout=90) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
