@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,8 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
     mine = PeerLocal(rank=env.rank, host=host[:NAME_CHARS], local=tuple(local))
     try:
         if env.rank != 0:
+            if not _listening(env.master_addr, env.master_port, timeout):
+                return None  # no answer at all: torch's client would only print its native connect trace
             store = connect_store(env.master_addr, env.master_port, timeout=timeout)
             store.set(_KEY.format(rank=env.rank), mine.model_dump_json())
             if not _await(store, [_MERGED], timeout):
@@ -93,3 +96,15 @@ def _await(store: Store, keys: list[str], seconds: float) -> bool:
             return False
         time.sleep(POLL_S)
     return True
+
+
+def _listening(host: str, port: int, seconds: float) -> bool:
+    """Whether a plain TCP connect to ``host:port`` succeeds within ``seconds`` (retried while refused)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        try:
+            with socket.create_connection((host, port), timeout=min(left, 1.0)):
+                return True
+        except OSError:
+            time.sleep(min(POLL_S * 2, max(0.0, end - time.monotonic())))
+    return False
