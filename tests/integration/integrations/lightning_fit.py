@@ -65,6 +65,10 @@ def main() -> None:
     )
     data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
     trainer.fit(Tiny(out), DataLoader(data, batch_size=4))
+    # Lightning leaves the group up; a gloo group still alive at interpreter exit can abort the process
+    # ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489). Seen once in CI,
+    # after training had finished on every rank. End as torch documents: destroy the group.
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
