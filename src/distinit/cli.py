@@ -87,7 +87,7 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
     import torch  # only now: a refused check above stays fast
     import torch.distributed as dist
 
-    from distinit.doctor._exchange import gather_json
+    from distinit.doctor import gather_json
     from distinit.init import init_with_retry
 
     env.export()
@@ -217,7 +217,7 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from distinit.doctor._cli import run_from_args  # torch and the checks: only when the doctor runs
+    from distinit.doctor import run_from_args  # torch and the checks: only when the doctor runs
 
     return run_from_args(args)
 
@@ -251,7 +251,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     env.add_argument("--check-timeout", type=_seconds, default=60.0, metavar="S", help="bound for --check (60 s)")
     env.set_defaults(handler=_cmd_env)
     if _command_of(argv) == "watchdog":
-        from distinit.watchdog._daemon import add_watchdog_parser
+        from distinit.watchdog import add_watchdog_parser
 
         add_watchdog_parser(commands)
     else:

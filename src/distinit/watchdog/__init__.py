@@ -5,6 +5,7 @@ Linux only. See ``docs/watchdog.md``.
 
 from distinit.watchdog._auto import AutoTimeout
 from distinit.watchdog._client import Heartbeat, WatchdogClient
+from distinit.watchdog._daemon import add_watchdog_parser
 from distinit.watchdog._events import WatchdogEvent
 from distinit.watchdog._global import configure, expires
 from distinit.watchdog._server import WatchdogServer
@@ -15,6 +16,7 @@ __all__ = [
     "WatchdogClient",
     "WatchdogEvent",
     "WatchdogServer",
+    "add_watchdog_parser",
     "configure",
     "expires",
 ]
