@@ -58,6 +58,25 @@ def _skip_set(skip: Iterable[str]) -> frozenset[str]:
     return chosen
 
 
+def _broken_world(rank: int, exc: Exception) -> tuple[Check, str]:
+    """The world check when the world formed and then a world check raised ``exc``, and what went wrong."""
+    # torch's collective errors are RuntimeError: a peer closed its connection or never answered.
+    # Peers' documents are validated, so anything else here is the doctor's own bug.
+    collective = isinstance(exc, RuntimeError)
+    what = "a collective failed" if collective else "the doctor failed"
+    broken = Check(
+        id="world",
+        status="fail",
+        summary=f"the world formed, then {what}: {type(exc).__name__}: {first_line(exc)}",
+        fix="another rank stopped or ran out of time: read its output (every rank prints one line)"
+        if collective
+        else "report this as a distinit bug, with every rank's `distinit doctor --json` output",
+        ranks=(rank,),
+        evidence={"error": str(exc)[:4096]},
+    )
+    return broken, what
+
+
 def _world(
     env: DistEnv,
     *,
@@ -110,21 +129,7 @@ def _world(
                 on_check=on_check,
             )
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            # torch's collective errors are RuntimeError: a peer closed its connection or never answered.
-            # Peers' documents are validated, so anything else here is the doctor's own bug.
-            collective = isinstance(exc, RuntimeError)
-            what = "a collective failed" if collective else "the doctor failed"
-            broken = Check(
-                id="world",
-                status="fail",
-                summary=f"the world formed, then {what}: {type(exc).__name__}: {first_line(exc)}",
-                fix="another rank stopped or ran out of time: read its output (every rank prints one line)"
-                if collective
-                else "report this as a distinit bug, with every rank's `distinit doctor --json` output",
-                ranks=(env.rank,),
-                evidence={"error": str(exc)[:4096]},
-            )
-            return failed(broken, what)
+            return failed(*_broken_world(env.rank, exc))
         finally:
             # an NCCL collective that never answered (bounded()'s timeout verdict) may still hold the group
             leave_world(created, stuck=any(c.id == "nccl" and "waiting_for" in c.evidence for c in checks))

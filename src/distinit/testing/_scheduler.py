@@ -238,33 +238,34 @@ def _slurm(lay: _Layout, o: dict[str, Any]) -> dict[str, str]:
         env["SLURM_NTASKS_PER_NODE"] = str(lay.counts[0])
     if o["distribution"] != "block":
         env["SLURM_DISTRIBUTION"] = o["distribution"]
-    mpi = o["mpi"]
+    env.update(_slurm_mpi(lay, o["mpi"], job=job, step=step, host=host))
+    if o["mpi"] == "pmix":
+        del env["PMIX_ID"]
+    return env
+
+
+def _slurm_mpi(lay: _Layout, mpi: str | None, *, job: str, step: str, host: str) -> dict[str, str]:
+    """What ``srun --mpi=MPI`` adds to a task's environment (nothing without ``--mpi``)."""
     if mpi == "pmi2":
-        env.update(
-            {
-                "SLURM_MPI_TYPE": "pmi2",
-                "PMI_FD": "13",
-                "PMI_JOBID": f"{job}.{step}",
-                "PMI_RANK": str(lay.rank),
-                "PMI_SIZE": str(lay.world_size),
-            }
-        )
-    elif mpi == "pmix":
+        return {
+            "SLURM_MPI_TYPE": "pmi2",
+            "PMI_FD": "13",
+            "PMI_JOBID": f"{job}.{step}",
+            "PMI_RANK": str(lay.rank),
+            "PMI_SIZE": str(lay.world_size),
+        }
+    if mpi == "pmix":
         server = f"pmix-server.{30000 + lay.node};tcp4://127.0.0.1:35623"
         spool = f"/var/spool/slurmd/{host}/pmix.{job}.{step}/"
-        mapping = _pmix_mapping(lay.counts)
-        env.update(
-            {
-                "SLURM_MPI_TYPE": "pmix",
-                "SLURM_PMIXP_ABORT_AGENT_PORT": "36839",
-                "SLURM_PMIX_MAPPING_SERV": f"(vector,{mapping})",
-                **_pmix_common(lay, namespace=f"slurm.pmix.{job}.{step}", server=server, tmpdir=spool),
-            }
-        )
-        del env["PMIX_ID"]
-    elif mpi is not None:
+        return {
+            "SLURM_MPI_TYPE": "pmix",
+            "SLURM_PMIXP_ABORT_AGENT_PORT": "36839",
+            "SLURM_PMIX_MAPPING_SERV": f"(vector,{_pmix_mapping(lay.counts)})",
+            **_pmix_common(lay, namespace=f"slurm.pmix.{job}.{step}", server=server, tmpdir=spool),
+        }
+    if mpi is not None:
         raise ValueError(f"mpi must be None, 'pmi2' or 'pmix', got {mpi!r}")
-    return env
+    return {}
 
 
 def _pmix_mapping(counts: Sequence[int]) -> str:
