@@ -5,10 +5,10 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from distinit._net import port_holder
 from distinit.errors import RendezvousError
 from distinit.init import _messages
 from distinit.init._attempt import AttemptFailed
-from distinit.init._probe import port_holder
 
 #: Failure kinds whose persistence has a specific error (the others end as ``RendezvousTimeoutError``).
 SPECIFIC = ("dns", "unreachable", "timeout", "foreign", "port_busy")

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from distinit._net import probe
 from distinit.errors import RankLostError
 from distinit.init import _messages
 from distinit.init._diagnose import Master
 from distinit.init._pace import STALE
-from distinit.init._probe import probe
 
 #: Pause between two probes while deciding.
 PROBE_EVERY = 0.25

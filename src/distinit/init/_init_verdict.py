@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 from torch.distributed import Store, TCPStore
 
+from distinit._net import interfaces
 from distinit.env import DistEnv
 from distinit.errors import RendezvousError
 from distinit.init import _loopback, _messages
@@ -93,7 +94,7 @@ def _own_verdict(exc: BaseException, *, env: DistEnv, master: str, generation: i
         fix=_messages.loopback_fix(
             host=host,
             route=_loopback.route_interface(env.master_addr, env.master_port),
-            interfaces=_loopback.interfaces(),
+            interfaces=interfaces(),
         ),
         master=master,
         generation=generation,

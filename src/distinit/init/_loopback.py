@@ -11,40 +11,23 @@ rank waits for a connection that never comes (measured on torch 2.13: about five
 ``Connect timeout [none]``). On one host loopback is fine, so the trap matters only when the world spans
 hosts (:func:`spans_hosts`).
 
-Stdlib only: interfaces through the kernel's ioctls and ``/proc/net/if_inet6``, no ``ip`` subprocess.
+The host's addresses and interfaces come from :mod:`distinit._net`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import ipaddress
 import re
 import socket
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from distinit._net import binds, interface_ipv4, interfaces, is_loopback
 from distinit.env import DistEnv
-from distinit.init._whereami import binds
 
 #: torch's fallback when the hostname resolves to no address that binds (ProcessGroupGloo.cpp).
 TORCH_FALLBACK = "127.0.0.1"
-_SIOCGIFADDR = 0x8915
-_IFNAMSIZ = 16
-_INET6 = "/proc/net/if_inet6"
 #: gloo's connect failure names the peer as ``remote=[ADDRESS]:PORT`` (IPv6 too, in brackets).
 _REMOTE = re.compile(r"remote=\[([0-9A-Fa-f:.]+)\]:(\d+)")
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` is a loopback address (``127.0.0.0/8``, ``::1``, ``::ffff:127.x``); False if not an IP."""
-    try:
-        ip = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 @dataclass(frozen=True)
@@ -91,7 +74,7 @@ def advertised(environ: Mapping[str, str]) -> Advertised | None:
     if not value:
         return advertised_by_hostname(hostname)
     name = value.split(",")[0].strip()
-    address = _ipv4(name)
+    address = interface_ipv4(name)
     if address is None:
         return None
     return Advertised(hostname=hostname, resolved=(), address=address, source=f"GLOO_SOCKET_IFNAME={value!r}")
@@ -165,17 +148,6 @@ def loopback_remote(text: str) -> str | None:
     return f"{found.group(1)}:{found.group(2)}"
 
 
-def interfaces() -> tuple[tuple[str, str], ...]:
-    """This host's non-loopback interfaces with an address: ``(name, address)``, IPv4 first, then global IPv6."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return ()
-    found = [(name, ip) for name in names if (ip := _ipv4(name)) is not None and not is_loopback(ip)]
-    found.extend(_ipv6())
-    return tuple(found)
-
-
 def route_interface(master_addr: str | None, port: int | None) -> str | None:
     """The interface this host would use to reach ``master_addr`` (a UDP connect sends nothing), or None."""
     if not master_addr:
@@ -188,27 +160,3 @@ def route_interface(master_addr: str | None, port: int | None) -> str | None:
     except (OSError, UnicodeError, IndexError):
         return None
     return next((name for name, ip in interfaces() if ip == source), None)
-
-
-def _ipv4(name: str) -> str | None:
-    if not name or len(name.encode()) >= _IFNAMSIZ:
-        return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            raw = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
-        except OSError:
-            return None
-    return socket.inet_ntoa(raw[20:24])
-
-
-def _ipv6() -> list[tuple[str, str]]:
-    """Global-scope IPv6 addresses from ``/proc/net/if_inet6`` (``hex index prefix scope flags name``)."""
-    found: list[tuple[str, str]] = []
-    with contextlib.suppress(OSError), open(_INET6, encoding="ascii") as lines:
-        for line in lines:
-            fields = line.split()
-            if len(fields) == 6 and fields[3] == "00":
-                ip = str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
-                if not is_loopback(ip):
-                    found.append((fields[5], ip))
-    return found

@@ -8,9 +8,8 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
-from distinit.env import DistEnv
-from distinit.env._model import master_addr_fix
-from distinit.env._port import check_port
+from distinit._net import interfaces
+from distinit.env import DistEnv, check_port, master_addr_fix
 from distinit.errors import IncompleteEnvError
 from distinit.init import _loopback, _messages
 
@@ -123,7 +122,7 @@ def check_advertised_address(backend: str, world: DistEnv, environ: Mapping[str,
         fix=_messages.loopback_fix(
             host=advertised.hostname,
             route=_loopback.route_interface(world.master_addr, world.master_port),
-            interfaces=_loopback.interfaces(),
+            interfaces=interfaces(),
         ),
     )
 

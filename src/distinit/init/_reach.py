@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 from torch.distributed import Store, TCPStore
 
+from distinit._net import probe
 from distinit.init._attempt import AttemptFailed, FailureKind
 from distinit.init._diagnose import Master, specific_error
 from distinit.init._grace import Grace
 from distinit.init._join import JoinProtocol
-from distinit.init._probe import probe
 from distinit.init._store import connect_store, host_store
 from distinit.init._whereami import check_hosting_addr
 

@@ -3,7 +3,7 @@
 torch's TCPStore client retries connect+validate around a socket connect that itself retries, so one
 client constructor can take 1.8-2.7x its timeout, and a foreign listener that accepts and holds blocks it
 without bound (measured on torch 2.13). Clients therefore only construct a TCPStore after
-:func:`distinit.init._probe.probe` saw a TCPStore answer, and the constructor runs in a helper thread
+:func:`distinit._net.probe` saw a TCPStore answer, and the constructor runs in a helper thread
 joined with a bound.
 
 The host serves on an IPv4-only listening socket when MASTER_ADDR has only IPv4 addresses. torch's own

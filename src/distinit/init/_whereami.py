@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 
+from distinit._net import binds
 from distinit.init import _messages
 from distinit.init._diagnose import Master
 
@@ -32,17 +33,6 @@ def check_hosting_addr(master: Master, infos: list[tuple[int, str]]) -> None:
     raise _messages.not_this_host(
         master=master.name, addr=master.addr, resolved=[ip for _, ip in infos], host=host, rank=master.rank
     )
-
-
-def binds(ip: str) -> bool:
-    """Whether a TCP socket can bind ``ip`` (an address of this host binds, in microseconds)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((ip, 0))
-        except OSError:
-            return False
-    return True
 
 
 def _routes_here(family: int, ip: str, port: int) -> bool:

@@ -17,8 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from distinit.env import DistEnv
-from distinit.env._hostlist import expand_counts
+from distinit.env import DistEnv, expand_counts
 from distinit.errors import ConflictingEnvError, SchedulerEnvError
 
 #: The Slurm variables that list the step's tasks per node (``"2(x2)"``, ``"2,1"``).

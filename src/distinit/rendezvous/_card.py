@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from distinit._identity import local_identity
-from distinit.init._loopback import interfaces
+from distinit._net import interfaces
 
 #: Variable prefixes whose values are digested into the card (values are never published, only hashes).
 DIGESTED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")

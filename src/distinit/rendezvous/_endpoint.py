@@ -20,9 +20,7 @@ from datetime import timedelta
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
-from distinit.init._loopback import is_loopback
-from distinit.init._probe import ProbeResult, port_holder, probe
-from distinit.init._whereami import binds
+from distinit._net import ProbeResult, binds, is_loopback, port_holder, probe
 from distinit.rendezvous._errors import AgentRendezvousConnectionError
 
 logger = logging.getLogger("distinit.rendezvous")
@@ -226,15 +224,7 @@ def open_store(
             # torch's own fallback: another agent on this machine hosts it (several agents per host).
             logger.debug("port %d already served here (%s); connecting as a client", port, exc)
     elif max_nodes > 1 and all(is_loopback(ip) for ip in addresses) and not _is_loopback_literal(host):
-        raise connection_error(
-            "loopback",
-            f"the rendezvous endpoint {host!r} resolves to {', '.join(addresses)} (loopback) on "
-            f"{socket.gethostname()}, which is not the host agent's node: this agent would look for the store "
-            f"on itself.",
-            why=f"/etc/hosts on this node maps {host!r} to a loopback address (Debian's 127.0.1.1 line)",
-            fix=f"pass {host}'s routable IP as --rdzv-endpoint, or fix the /etc/hosts line for {host!r}",
-            master=f"{host}:{port}",
-        )
+        raise _loopback_endpoint(host, port, addresses)
     wait_for_store(host, port, addresses, refused_for=refused_for)
     try:
         return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout), decision
@@ -246,6 +236,19 @@ def open_store(
             fix=f"look at the host agent's log on {host}; see {DOCS}",
             master=f"{host}:{port}",
         ) from exc
+
+
+def _loopback_endpoint(host: str, port: int, addresses: tuple[str, ...]) -> AgentRendezvousConnectionError:
+    """A client agent of a multi-node job whose endpoint name resolves to loopback: it would wait on itself."""
+    return connection_error(
+        "loopback",
+        f"the rendezvous endpoint {host!r} resolves to {', '.join(addresses)} (loopback) on "
+        f"{socket.gethostname()}, which is not the host agent's node: this agent would look for the store "
+        f"on itself.",
+        why=f"/etc/hosts on this node maps {host!r} to a loopback address (Debian's 127.0.1.1 line)",
+        fix=f"pass {host}'s routable IP as --rdzv-endpoint, or fix the /etc/hosts line for {host!r}",
+        master=f"{host}:{port}",
+    )
 
 
 def _torch_match(host: str) -> bool:

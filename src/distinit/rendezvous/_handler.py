@@ -29,7 +29,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend, create_backend
 
-from distinit.init._loopback import is_loopback
+from distinit._net import is_loopback
 from distinit.rendezvous._card import PREFIX, AgentCard, Disagreement, disagreements, launch_flags, local_card
 from distinit.rendezvous._card import shared_machines as _shared_machines
 from distinit.rendezvous._endpoint import DEFAULT_PORT, DOCS, connection_error, open_store, resolve, wait_for_store

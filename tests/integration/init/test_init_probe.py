@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 from init_launch import free_port
 
-from distinit.init._probe import port_holder, probe
+from distinit._net import port_holder, probe
 
 
 @pytest.mark.timeout(30)

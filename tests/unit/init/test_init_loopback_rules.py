@@ -10,6 +10,7 @@ import pytest
 
 from distinit.env import DistEnv
 from distinit.errors import RendezvousError
+from distinit._net import is_loopback
 from distinit.init import _handover, _loopback, _messages, _preflight
 from distinit.init._loopback import Advertised
 
@@ -38,7 +39,7 @@ LISTENER = (
     ],
 )
 def test_is_loopback(address: str, loopback: bool) -> None:
-    assert _loopback.is_loopback(address) is loopback
+    assert is_loopback(address) is loopback
 
 
 @pytest.mark.parametrize(

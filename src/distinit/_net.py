@@ -1,14 +1,22 @@
-"""Plain-TCP reachability probe of the master, classifying why it fails, and port-holder lookup.
+"""Network facts of this host, stdlib only: a classifying TCP probe, who holds a port, which addresses are ours.
 
-torch reports DNS failure, a refused connection and a black hole with the same "client socket has timed
-out" text (measured on torch 2.13); this probe keeps the cause. It also speaks the first two messages of
+A top-level leaf (no torch, no pydantic, nothing of ``distinit.init``), so that the torchrun backend's agents
+(:mod:`distinit.rendezvous`) use the same probe and address rules as :func:`distinit.setup` without importing
+``distinit.init``.
+
+The probe: torch reports DNS failure, a refused connection and a black hole with the same "client socket has
+timed out" text (measured on torch 2.13); this probe keeps the cause. It also speaks the first two messages of
 the TCPStore protocol (VALIDATE, PING), so a foreign program listening on MASTER_PORT is recognised in
-seconds instead of hanging torch's client without bound.
+seconds instead of hanging torch's client without bound. Interfaces are read through the kernel's ioctls and
+``/proc/net/if_inet6``, no ``ip`` subprocess.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import ipaddress
 import os
 import random
 import socket
@@ -31,6 +39,10 @@ _PING = 13
 _MAGIC = 0x3C85F7CE
 
 _UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL}
+
+_SIOCGIFADDR = 0x8915
+_IFNAMSIZ = 16
+_INET6 = "/proc/net/if_inet6"
 
 
 @dataclass(frozen=True)
@@ -150,3 +162,60 @@ def _cmdline(pid: str) -> str:
         return "?"
     text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
     return text[:160] or "?"
+
+
+def binds(ip: str) -> bool:
+    """Whether a TCP socket can bind ``ip`` (an address of this host binds, in microseconds)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((ip, 0))
+        except OSError:
+            return False
+    return True
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback address (``127.0.0.0/8``, ``::1``, ``::ffff:127.x``); False if not an IP."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def interfaces() -> tuple[tuple[str, str], ...]:
+    """This host's non-loopback interfaces with an address: ``(name, address)``, IPv4 first, then global IPv6."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return ()
+    found = [(name, ip) for name in names if (ip := interface_ipv4(name)) is not None and not is_loopback(ip)]
+    found.extend(_ipv6())
+    return tuple(found)
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of interface ``name`` (through the kernel's ioctl), or None."""
+    if not name or len(name.encode()) >= _IFNAMSIZ:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            raw = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(raw[20:24])
+
+
+def _ipv6() -> list[tuple[str, str]]:
+    """Global-scope IPv6 addresses from ``/proc/net/if_inet6`` (``hex index prefix scope flags name``)."""
+    found: list[tuple[str, str]] = []
+    with contextlib.suppress(OSError), open(_INET6, encoding="ascii") as lines:
+        for line in lines:
+            fields = line.split()
+            if len(fields) == 6 and fields[3] == "00":
+                ip = str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
+                if not is_loopback(ip):
+                    found.append((fields[5], ip))
+    return found
