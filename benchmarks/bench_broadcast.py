@@ -352,13 +352,13 @@ def _memory_growth(rank: int, zero_copy: bool) -> dict[str, float]:
 
 def _unverified(call: Callable[[], Any]) -> Any:
     """Run one shm call without the leader's check of its sealed segment (every rank runs the same case)."""
-    from distinit.broadcast import _shm
+    from distinit.broadcast._transport import shm
 
-    _shm.VERIFY = False
+    shm.VERIFY = False
     try:
         return call()
     finally:
-        _shm.VERIFY = True
+        shm.VERIFY = True
 
 
 def _via_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:

@@ -19,7 +19,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import PydanticSerializationError, core_schema
 
 from distinit.broadcast._dtypes import DTYPE_OF_CODE, dtype_code
-from distinit.broadcast._transport import as_bytes
+from distinit.broadcast._transport.pack import as_bytes
 
 TENSOR_MARK = "__distinit_tensor__"
 MAX_DEPTH = 200

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from distinit.broadcast._group import CallContext
-from distinit.broadcast._transport import as_bytes, broadcast_bytes, copy_all, wait_or_raise
+from distinit.broadcast._transport.pack import as_bytes, broadcast_bytes, copy_all, wait_or_raise
 
 
 @dataclasses.dataclass(frozen=True)

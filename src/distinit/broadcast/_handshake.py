@@ -9,8 +9,7 @@ import torch
 
 from distinit.broadcast import _digest, _header
 from distinit.broadcast._group import CallContext
-from distinit.broadcast._mismatch import Mismatch, judge
-from distinit.broadcast._transport import timeout_error
+from distinit.broadcast._mismatch import Mismatch, judge, timeout_error
 
 logger = logging.getLogger("distinit.broadcast")
 

@@ -1,7 +1,8 @@
 """The collective verdict: decide from every rank's header view whether a call may proceed.
 
 Pure functions of the gathered views, so every rank reaches the same verdict and composes the
-same :class:`~distinit.errors.BroadcastMismatchError`; all the wording lives here.
+same :class:`~distinit.errors.BroadcastMismatchError`; all the wording lives here, including the errors
+one rank raises alone after the verdict (:func:`rank_error`, :func:`missing_dtype`, :func:`timeout_error`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,23 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+import torch
+
+from distinit._foreign import first_line
 from distinit.broadcast._bounds import MAX_BYTES_ENV, PROBLEM_OF_OP, header_problem
 from distinit.broadcast._dtypes import describe, device_type_name, dtype_name
-from distinit.broadcast._header import MAGIC, OP_MODULE, OP_NAMES, OP_OBJECT, OP_STATE_DICT, OP_TENSOR, View
-from distinit.errors import BroadcastMismatchError
+from distinit.broadcast._group import CallContext
+from distinit.broadcast._header import (
+    MAGIC,
+    OP_MODULE,
+    OP_NAMES,
+    OP_OBJECT,
+    OP_STATE_DICT,
+    OP_TENSOR,
+    CollectiveFailed,
+    View,
+)
+from distinit.errors import BroadcastMismatchError, BroadcastTimeoutError
 
 # Local problems a rank reports in its header instead of raising alone (which would leave its peers
 # waiting in the collective). Codes are part of the wire protocol: 8 and 9 were retired (nothing sent them).
@@ -404,3 +418,57 @@ _CALL_CHECKS: dict[int, Callable[[Sequence[View], int], Found | None]] = {
     OP_STATE_DICT: _layout,
     OP_MODULE: _layout,
 }
+
+
+def rank_error(
+    ctx: CallContext, detail: str, *, field: str, view: str, at_fault: tuple[int, ...], why: str, fix: str
+) -> BroadcastMismatchError:
+    """An error this rank raises alone, after the verdict (its peers are elsewhere), worded like the verdict's."""
+    return BroadcastMismatchError(
+        f"{ctx.call} call #{ctx.seq} (src={ctx.src}, {ctx.size} ranks): {detail}",
+        call=ctx.call,
+        seq=ctx.seq,
+        field=field,
+        src=ctx.src,
+        views={ctx.rank: view},
+        ranks=at_fault,
+        why=why,
+        fix=fix,
+    )
+
+
+def missing_dtype(ctx: CallContext, code: int, what: str) -> BroadcastMismatchError:
+    """Src sends ``what`` in a dtype the protocol defines but this rank's torch lacks."""
+    return rank_error(
+        ctx,
+        f"src sends {what} as {dtype_name(code)}, which this torch ({torch.__version__}) does not have, "
+        f"on rank {ctx.rank}",
+        field="dtype",
+        view=f"lacks dtype {dtype_name(code)}",
+        at_fault=(ctx.rank,),
+        why="the ranks run different torch versions",
+        fix="run the same torch version on every rank",
+    )
+
+
+def timeout_error(ctx: CallContext, phase: str, exc: CollectiveFailed) -> BroadcastTimeoutError:
+    """The error for a call whose collective timed out or lost a peer (raised on this rank only)."""
+    if exc.timed_out:
+        limit = f"{ctx.timeout} s (timeout=)" if ctx.timeout is not None else "the process-group timeout"
+        what = f"did not complete its {phase} within {limit}"
+    else:
+        what = f"lost a peer during its {phase}"
+    return BroadcastTimeoutError(
+        f"{ctx.call} call #{ctx.seq} (src={ctx.src}, {ctx.size} ranks) {what} on rank {ctx.rank} "
+        f"(global rank {ctx.global_rank}): {first_line(str(exc))}",
+        call=ctx.call,
+        seq=ctx.seq,
+        field="timeout" if exc.timed_out else "peer",
+        src=ctx.src,
+        views={ctx.rank: f"waited for the {phase}"},
+        ranks=(),
+        why="another rank of the group never reached this call (it crashed, hangs, or takes another code path), "
+        "or a peer died mid-transfer",
+        fix="read the other ranks' logs for the first error; the process group is unusable after this, "
+        "so destroy it (or restart the job)",
+    )

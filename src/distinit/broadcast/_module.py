@@ -12,7 +12,7 @@ from distinit.broadcast import _flat, _header, _mismatch
 from distinit.broadcast._group import resolve
 from distinit.broadcast._layout import layout
 from distinit.broadcast._state_dict import bucket_size, run
-from distinit.broadcast._via import via_option
+from distinit.broadcast._transport.choose import via_option
 
 
 def module_tensors(model: torch.nn.Module) -> tuple[list[str], list[torch.Tensor]]:

@@ -23,7 +23,8 @@ from distinit.broadcast._bounds import max_object_bytes
 from distinit.broadcast._codec import decode, encode, schema_fingerprint
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
-from distinit.broadcast._transport import as_bytes, broadcast_bytes, from_bytes, rank_error, wait_or_raise
+from distinit.broadcast._mismatch import rank_error
+from distinit.broadcast._transport.pack import as_bytes, broadcast_bytes, from_bytes, wait_or_raise
 from distinit.errors import BroadcastMismatchError
 
 logger = logging.getLogger("distinit.broadcast")

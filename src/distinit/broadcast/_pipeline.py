@@ -16,7 +16,7 @@ import torch
 
 from distinit.broadcast._group import CallContext
 from distinit.broadcast._staging import Staged
-from distinit.broadcast._transport import as_bytes, broadcast_bytes, copy_all, copy_back, is_lazy, wait_or_raise
+from distinit.broadcast._transport.pack import as_bytes, broadcast_bytes, copy_all, copy_back, is_lazy, wait_or_raise
 
 IN_FLIGHT = 4
 """Collectives outstanding at once. Chosen by benchmarks/bench_broadcast.py: 4 was as fast as or faster

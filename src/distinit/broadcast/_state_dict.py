@@ -26,10 +26,9 @@ from distinit.broadcast._dtypes import DTYPE_OF_CODE, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
 from distinit.broadcast._layout import Entry, Layout, decode_meta, diff_metadata, encode_meta, entries, layout
-from distinit.broadcast._routes import move
 from distinit.broadcast._staging import staged_plan
-from distinit.broadcast._transport import allocate, broadcast_bytes, from_bytes, missing_dtype, to_bytes, wait_or_raise
-from distinit.broadcast._via import NETWORK, Via, check_agreed, via_option
+from distinit.broadcast._transport.choose import NETWORK, Via, check_agreed, move, via_option
+from distinit.broadcast._transport.pack import allocate, broadcast_bytes, from_bytes, to_bytes, wait_or_raise
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -52,7 +51,7 @@ def run(
     ``mine``: this rank's tensors (None: a receiver that allocates from src's metadata).
     ``flat``: the module's flat state (:func:`distinit.flatten_module_`); the zero-copy path runs when
     every rank has one that matches the call's layout on the collective device (network only).
-    ``via``: the transport (:mod:`distinit.broadcast._routes`), the same on every rank (checked).
+    ``via``: the transport (:mod:`distinit.broadcast._transport.choose`), the same on every rank (checked).
     """
     lay = layout(*mine) if mine is not None and status == _mismatch.OK else None
     if lay is not None and lay.unsupported:
@@ -106,7 +105,7 @@ def _move(
         spec = [(DTYPE_OF_CODE.get(code, torch.uint8), tuple(shape)) for _, code, shape in meta]
         missing = [(key, code) for key, code, _ in meta if code not in DTYPE_OF_CODE]
         if missing:  # a dtype the protocol defines but this torch lacks: refuse before the transport starts
-            raise missing_dtype(ctx, missing[0][1], repr(missing[0][0]))
+            raise _mismatch.missing_dtype(ctx, missing[0][1], repr(missing[0][0]))
         outs = [None] * len(spec)
         if device is not None and device.type != "cpu":
             outs = [allocate(ctx, shape, dtype=dtype, device=device) for dtype, shape in spec]
@@ -198,7 +197,7 @@ def _allocate(ctx: CallContext, meta: list[Entry], device: torch.device | None) 
     for key, code, shape in meta:
         dtype = DTYPE_OF_CODE.get(code)
         if dtype is None:  # a dtype the protocol defines but this torch lacks
-            raise missing_dtype(ctx, code, repr(key))
+            raise _mismatch.missing_dtype(ctx, code, repr(key))
         tensors.append(allocate(ctx, shape, dtype=dtype, device=target))
     return [key for key, _, _ in meta], tensors
 

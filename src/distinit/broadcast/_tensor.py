@@ -13,17 +13,16 @@ from distinit.broadcast import _header, _mismatch
 from distinit.broadcast._dtypes import DTYPE_OF_CODE, describe, device_type_code, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
-from distinit.broadcast._routes import move
-from distinit.broadcast._transport import (
+from distinit.broadcast._transport.choose import Via, check_agreed, move, via_option
+from distinit.broadcast._transport.pack import (
+    Spec,
     allocate,
     broadcast_bytes,
     copy_back,
-    missing_dtype,
     receive_view,
     wait_or_raise,
     wire_view,
 )
-from distinit.broadcast._via import Spec, Via, check_agreed, via_option
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -160,7 +159,7 @@ def _move(
     if moved is None:
         return None
     if dtype is None:
-        raise missing_dtype(ctx, sv.dtype, f"a tensor of shape {list(sv.shape)}")
+        raise _mismatch.missing_dtype(ctx, sv.dtype, f"a tensor of shape {list(sv.shape)}")
     return moved[0]
 
 
@@ -228,4 +227,4 @@ def _refuse_unknown_dtype(ctx: CallContext, sv: _header.View) -> NoReturn:
     if sv.inline == _header.NOT_INLINE:
         sink = allocate(ctx, (sv.nbytes,), dtype=torch.uint8, device=ctx.comm_device)
         wait_or_raise(broadcast_bytes(sink, ctx), ctx, "payload broadcast")
-    raise missing_dtype(ctx, sv.dtype, f"a tensor of shape {list(sv.shape)}")
+    raise _mismatch.missing_dtype(ctx, sv.dtype, f"a tensor of shape {list(sv.shape)}")

@@ -1,7 +1,7 @@
 """The ``shm`` check: /dev/shm size and free space, and segments left behind by processes that are gone.
 
 distinit's own broadcast entries (``distinit-bc-*``, and the file transport's ``.distinit-bc-*.tmp``) carry
-their creator's pid and start time (``-p<pid>s<start>``, see ``distinit.broadcast._creator``; the doctor reads
+their creator's pid and start time (``-p<pid>s<start>``, see ``distinit.broadcast._transport.creator``; the doctor reads
 the names and does not import broadcast): one whose creator is provably gone,
 that no process holds open or mapped, owned by this user, is removed by the check (and reported); every
 other stale entry is only reported, with the command that removes it.

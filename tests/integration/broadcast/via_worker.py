@@ -18,7 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distinit.broadcast import _file, _shm, broadcast_module, broadcast_state_dict, broadcast_tensor
+from distinit.broadcast import broadcast_module, broadcast_state_dict, broadcast_tensor
+from distinit.broadcast._transport import file as _file
+from distinit.broadcast._transport import shm as _shm
 from distinit.errors import BroadcastError
 
 TIMEOUT = float(os.environ.get("VIA_TIMEOUT", "20"))

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from distinit.broadcast import _file
 from distinit.broadcast._group import GroupFacts
 from distinit.broadcast._header import OP_TENSOR
-from distinit.broadcast._via import Route, slots
+from distinit.broadcast._transport import file as _file
+from distinit.broadcast._transport.choose import Route
+from distinit.broadcast._transport.pack import slots
 
 SPEC = [(torch.float32, (2, 3)), (torch.int8, (5,))]
 ROUTE = Route("file", ((0, 1),), "0123abcd")

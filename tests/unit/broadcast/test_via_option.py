@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from distinit.broadcast import _shm, _via
-from distinit.broadcast._via import AUTO_SHM_MIN_BYTES, decide, group_hosts, slots, via_option
+from distinit.broadcast._transport import choose as _via
+from distinit.broadcast._transport import pack
+from distinit.broadcast._transport import shm as _shm
+from distinit.broadcast._transport.choose import AUTO_SHM_MIN_BYTES, decide, group_hosts, via_option
+from distinit.broadcast._transport.pack import slots
 
 A, B = (11, 12), (21, 22)
 
@@ -86,7 +89,7 @@ def test_slots_are_aligned_and_cover_every_byte() -> None:
     spec = [(torch.float32, (3,)), (torch.bool, ()), (torch.float64, (0, 4)), (torch.int16, (65,))]
     offsets, total = slots(spec)
     assert offsets == [0, 64, 128, 128] and total == 128 + 192
-    assert all(o % _via.ALIGN == 0 for o in offsets)
+    assert all(o % pack.ALIGN == 0 for o in offsets)
 
 
 def test_host_key_is_stable_within_a_process() -> None:

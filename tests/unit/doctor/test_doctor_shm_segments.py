@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distinit.broadcast import _creator
+from distinit.broadcast._transport import creator as _creator
 from distinit.doctor._shm import check_shm, stale_files
 
 
 def _dead_tag() -> str:
     """The creator tag of a process that ran and exited (its pid may be reused: its start time then differs)."""
-    code = "from distinit.broadcast import _creator; print(_creator.tag())"
+    code = "from distinit.broadcast._transport import creator; print(creator.tag())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     return done.stdout.strip()
 

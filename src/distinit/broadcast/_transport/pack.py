@@ -1,7 +1,14 @@
-"""Moving bytes once the verdict is in: uint8 wire views, staging copies, bounded waits, the timeout error."""
+"""Moving bytes: uint8 wire views, staging copies, the packed layout of a segment or file, status exchanges.
+
+What every transport shares: the network path (a verified call's buffers broadcast in place or through a
+staging copy, each wait bounded), and the shm and file transports (each tensor at a 64-byte aligned slot of
+one packed region, unpacked into buffers or views, the small status exchanges between their steps and the
+error they raise together when a step failed on some ranks).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -11,9 +18,12 @@ import torch.distributed as dist
 
 from distinit._foreign import first_line
 from distinit.broadcast import _header
-from distinit.broadcast._dtypes import dtype_name
 from distinit.broadcast._group import CallContext
-from distinit.errors import BroadcastMismatchError, BroadcastTimeoutError
+from distinit.broadcast._mismatch import rank_error, ranks_phrase, timeout_error
+from distinit.errors import BroadcastMismatchError
+
+ALIGN = 64
+"""Each tensor starts on a 64-byte boundary of a segment or file (any dtype's alignment, one cache line)."""
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -98,37 +108,6 @@ def allocate(ctx: CallContext, shape: Sequence[int], *, dtype: torch.dtype, devi
         ) from exc
 
 
-def rank_error(
-    ctx: CallContext, detail: str, *, field: str, view: str, at_fault: tuple[int, ...], why: str, fix: str
-) -> BroadcastMismatchError:
-    """An error this rank raises alone, after the verdict (its peers are elsewhere), worded like the verdict's."""
-    return BroadcastMismatchError(
-        f"{ctx.call} call #{ctx.seq} (src={ctx.src}, {ctx.size} ranks): {detail}",
-        call=ctx.call,
-        seq=ctx.seq,
-        field=field,
-        src=ctx.src,
-        views={ctx.rank: view},
-        ranks=at_fault,
-        why=why,
-        fix=fix,
-    )
-
-
-def missing_dtype(ctx: CallContext, code: int, what: str) -> BroadcastMismatchError:
-    """Src sends ``what`` in a dtype the protocol defines but this rank's torch lacks."""
-    return rank_error(
-        ctx,
-        f"src sends {what} as {dtype_name(code)}, which this torch ({torch.__version__}) does not have, "
-        f"on rank {ctx.rank}",
-        field="dtype",
-        view=f"lacks dtype {dtype_name(code)}",
-        at_fault=(ctx.rank,),
-        why="the ranks run different torch versions",
-        fix="run the same torch version on every rank",
-    )
-
-
 def copy_back(out: torch.Tensor, staged: torch.Tensor) -> None:
     """Copy received bytes from a staging buffer into ``out`` (any device, any layout)."""
     with torch.no_grad():
@@ -152,32 +131,119 @@ def broadcast_bytes(buf: torch.Tensor, ctx: CallContext) -> Any:
     return dist.broadcast(buf, group=ctx.group, group_src=ctx.src, async_op=True)
 
 
-def timeout_error(ctx: CallContext, phase: str, exc: _header.CollectiveFailed) -> BroadcastTimeoutError:
-    """The error for a call whose collective timed out or lost a peer (raised on this rank only)."""
-    if exc.timed_out:
-        limit = f"{ctx.timeout} s (timeout=)" if ctx.timeout is not None else "the process-group timeout"
-        what = f"did not complete its {phase} within {limit}"
-    else:
-        what = f"lost a peer during its {phase}"
-    return BroadcastTimeoutError(
-        f"{ctx.call} call #{ctx.seq} (src={ctx.src}, {ctx.size} ranks) {what} on rank {ctx.rank} "
-        f"(global rank {ctx.global_rank}): {first_line(str(exc))}",
-        call=ctx.call,
-        seq=ctx.seq,
-        field="timeout" if exc.timed_out else "peer",
-        src=ctx.src,
-        views={ctx.rank: f"waited for the {phase}"},
-        ranks=(),
-        why="another rank of the group never reached this call (it crashed, hangs, or takes another code path), "
-        "or a peer died mid-transfer",
-        fix="read the other ranks' logs for the first error; the process group is unusable after this, "
-        "so destroy it (or restart the job)",
-    )
-
-
 def wait_or_raise(work: Any, ctx: CallContext, phase: str) -> None:
     """Wait for ``work`` within the call's timeout; map failure to :class:`BroadcastTimeoutError`."""
     try:
         _header.wait(work, ctx.wait_for)
     except _header.CollectiveFailed as exc:
         raise timeout_error(ctx, phase, exc) from exc
+
+
+def sync(ctx: CallContext, status: int, phase: str) -> list[int]:
+    """Every rank's status word (one all_gather): a barrier that also tells each rank how the others fared.
+
+    Raises:
+        BroadcastTimeoutError: a peer died or the exchange timed out (``phase`` names the step).
+    """
+    return [row[0] for row in sync_words(ctx, [status], phase)]
+
+
+def sync_words(ctx: CallContext, words: list[int], phase: str) -> list[list[int]]:
+    """Every rank's row of int64 words (one all_gather; every rank passes as many): :func:`sync` with more facts.
+
+    Raises:
+        BroadcastTimeoutError: a peer died or the exchange timed out (``phase`` names the step).
+    """
+    row = torch.tensor(words, dtype=torch.int64).view(torch.uint8)
+    try:
+        blobs = _header.exchange_blobs(
+            row, width=8 * len(words), group_size=ctx.size, group=ctx.group, device=ctx.comm_device,
+            wait_for=ctx.wait_for,
+        )  # fmt: skip
+    except _header.CollectiveFailed as exc:
+        raise timeout_error(ctx, phase, exc) from exc
+    return [b.view(torch.int64).tolist() for b in blobs]
+
+
+Spec = list[tuple[torch.dtype, tuple[int, ...]]]
+"""The tensors of a call, in order: dtype and shape (checked by the verdict, the same on every rank)."""
+
+
+def slots(spec: Spec) -> tuple[list[int], int]:
+    """Each tensor's byte offset in a segment or file (64-byte aligned) and the total size."""
+    offsets, end = [], 0
+    for dtype, shape in spec:
+        offsets.append(end)
+        nbytes = dtype.itemsize * _numel(shape)
+        end += -(-nbytes // ALIGN) * ALIGN if nbytes else 0
+    return offsets, end
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def nbytes_of(dtype: torch.dtype, shape: Sequence[int]) -> int:
+    """A tensor's payload size in bytes."""
+    return dtype.itemsize * _numel(shape)
+
+
+def transport_error(
+    ctx: CallContext, bad: dict[int, str], *, step: str, why: str, fix: str, field: str = "transport"
+) -> BroadcastMismatchError:
+    """The error when a transport step failed on some ranks, built from facts every rank holds (identical).
+
+    ``bad`` maps each failing rank to what it saw; ``step`` names the transport step, e.g. "shared memory".
+    """
+    by_text: dict[str, list[int]] = {}
+    for rank in sorted(bad):
+        by_text.setdefault(bad[rank], []).append(rank)
+    body = "; ".join(f"{ranks_phrase(ranks)} {text}" for text, ranks in by_text.items())
+    return BroadcastMismatchError(
+        f"{ctx.call} call #{ctx.seq} (src={ctx.src}, {ctx.size} ranks): {step} failed: {body}. "
+        f"Raised on all {ctx.size} ranks; no rank returned data from this call.",
+        call=ctx.call,
+        seq=ctx.seq,
+        field=field,
+        src=ctx.src,
+        views=dict(bad),
+        ranks=tuple(sorted(bad)),
+        why=why,
+        fix=fix,
+    )
+
+
+def unpack(
+    ctx: CallContext,
+    data: torch.Tensor,
+    spec: Spec,
+    offsets: list[int],
+    outs: list[torch.Tensor | None],
+    *,
+    zero_copy: bool,
+) -> list[torch.Tensor]:
+    """This rank's tensors from the packed bytes: buffers filled, new tensors allocated, or views of ``data``."""
+    result = []
+    for (dtype, shape), offset, out in zip(spec, offsets, outs, strict=True):
+        nbytes = nbytes_of(dtype, shape)
+        piece = data[offset : offset + nbytes]
+        if out is None and zero_copy and nbytes:
+            result.append(piece.view(dtype).view(shape))
+            continue
+        if out is None:
+            out = allocate(ctx, shape, dtype=dtype, device="cpu")
+        if nbytes:
+            copy_back(out, piece)
+        result.append(out)
+    return result
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable memoryview of a CPU contiguous uint8 tensor's bytes (no copy; the tensor must outlive it)."""
+    n = tensor.numel()
+    if not n:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_ubyte * n).from_address(tensor.data_ptr())).cast("B")

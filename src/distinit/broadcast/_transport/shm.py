@@ -33,17 +33,14 @@ import logging
 import mmap
 import os
 import stat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from distinit.broadcast import _creator
 from distinit.broadcast._group import CallContext
-from distinit.broadcast._transport import wait_or_raise, wire_view
-from distinit.broadcast._via import (
-    SHM_DIR,
-    Route,
+from distinit.broadcast._transport import creator
+from distinit.broadcast._transport.pack import (
     Spec,
     byte_view,
     nbytes_of,
@@ -52,9 +49,16 @@ from distinit.broadcast._via import (
     sync_words,
     transport_error,
     unpack,
+    wait_or_raise,
+    wire_view,
 )
 
+if TYPE_CHECKING:
+    from distinit.broadcast._transport.choose import Route
+
 logger = logging.getLogger("distinit.broadcast")
+
+SHM_DIR = "/dev/shm"
 
 OK = 0
 CREATE_FAILED = 1000  # + errno
@@ -254,7 +258,7 @@ def _write(
         return OK, None, received
     seg = None
     try:
-        seg = Segment.create(total, f"{_creator.PREFIX}{_creator.tag()}-{ctx.seq}")
+        seg = Segment.create(total, f"{creator.PREFIX}{creator.tag()}-{ctx.seq}")
         if packed is None:  # src's own tensors (views, or staging copies of CUDA or strided ones, kept to compare)
             written = [(o, wire_view(t, _CPU)[0]) for o, t in zip(offsets, sources or [], strict=True)]
         else:

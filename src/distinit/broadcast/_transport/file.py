@@ -30,15 +30,26 @@ import os
 import stat
 import time
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distinit.broadcast import _creator
 from distinit.broadcast._dtypes import dtype_code
 from distinit.broadcast._group import CallContext
-from distinit.broadcast._transport import wire_view
-from distinit.broadcast._via import ALIGN, Route, Spec, Via, byte_view, slots, sync, transport_error, unpack
+from distinit.broadcast._transport import creator
+from distinit.broadcast._transport.pack import (
+    ALIGN,
+    Spec,
+    byte_view,
+    slots,
+    sync,
+    transport_error,
+    unpack,
+    wire_view,
+)
+
+if TYPE_CHECKING:
+    from distinit.broadcast._transport.choose import Route, Via
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -105,7 +116,7 @@ def write(
 ) -> None:
     """Src: write the file under a temporary name, fsync, rename into place, fsync the directory."""
     offsets, total = slots(spec)
-    tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}-{_creator.tag()}.tmp")
+    tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}-{creator.tag()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         raw, data_offset = _header(ctx, route, spec, names, 0)

@@ -1,4 +1,4 @@
-"""Choosing a transport (``via=``): the option, its agreement on every rank, hosts, and the route all ranks take.
+"""Choosing a transport (``via=``): the option, its agreement on every rank, hosts, the route, and the move.
 
 ``via`` travels in the header's flags word (bits 8-11), so the header verdict already holds every rank's
 choice; a difference is one more :class:`~distinit.errors.BroadcastMismatchError`, raised on every rank
@@ -10,7 +10,6 @@ before any payload moves. A call that does not take the network path then runs o
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
 import logging
@@ -23,9 +22,10 @@ import torch
 
 from distinit.broadcast import _header
 from distinit.broadcast._group import CallContext
-from distinit.broadcast._mismatch import Mismatch, ranks_phrase
-from distinit.broadcast._transport import allocate, copy_back, timeout_error
-from distinit.errors import BroadcastMismatchError
+from distinit.broadcast._mismatch import Mismatch, timeout_error
+from distinit.broadcast._transport import file, shm
+from distinit.broadcast._transport.pack import ALIGN, Spec, slots
+from distinit.broadcast._transport.shm import SHM_DIR
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -41,11 +41,8 @@ after it, the leader's comparison makes zero-copy about tie with the network at 
 ``zero_copy``, a host holds at least :data:`AUTO_SHM_MIN_RANKS` ranks, and the payload is at least
 :data:`AUTO_SHM_MIN_BYTES`. Copying receivers were slower by shm than by gloo there (two copies and fresh
 tmpfs pages against one loopback copy), so ``auto`` leaves them on the network."""
-SHM_DIR = "/dev/shm"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 PID_NS = "/proc/self/ns/pid"
-ALIGN = 64
-"""Each tensor starts on a 64-byte boundary of a segment or file (any dtype's alignment, one cache line)."""
 
 ROW_WORDS = 6  # host key (2 words), free /dev/shm bytes, token (2 words), zero_copy asked
 
@@ -245,111 +242,23 @@ def agree(ctx: CallContext, via: Via, total: int) -> Route:
     return route
 
 
-def sync(ctx: CallContext, status: int, phase: str) -> list[int]:
-    """Every rank's status word (one all_gather): a barrier that also tells each rank how the others fared.
-
-    Raises:
-        BroadcastTimeoutError: a peer died or the exchange timed out (``phase`` names the step).
-    """
-    return [row[0] for row in sync_words(ctx, [status], phase)]
-
-
-def sync_words(ctx: CallContext, words: list[int], phase: str) -> list[list[int]]:
-    """Every rank's row of int64 words (one all_gather; every rank passes as many): :func:`sync` with more facts.
-
-    Raises:
-        BroadcastTimeoutError: a peer died or the exchange timed out (``phase`` names the step).
-    """
-    row = torch.tensor(words, dtype=torch.int64).view(torch.uint8)
-    try:
-        blobs = _header.exchange_blobs(
-            row, width=8 * len(words), group_size=ctx.size, group=ctx.group, device=ctx.comm_device,
-            wait_for=ctx.wait_for,
-        )  # fmt: skip
-    except _header.CollectiveFailed as exc:
-        raise timeout_error(ctx, phase, exc) from exc
-    return [b.view(torch.int64).tolist() for b in blobs]
-
-
-Spec = list[tuple[torch.dtype, tuple[int, ...]]]
-"""The tensors of a call, in order: dtype and shape (checked by the verdict, the same on every rank)."""
-
-
-def slots(spec: Spec) -> tuple[list[int], int]:
-    """Each tensor's byte offset in a segment or file (64-byte aligned) and the total size."""
-    offsets, end = [], 0
-    for dtype, shape in spec:
-        offsets.append(end)
-        nbytes = dtype.itemsize * _numel(shape)
-        end += -(-nbytes // ALIGN) * ALIGN if nbytes else 0
-    return offsets, end
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def nbytes_of(dtype: torch.dtype, shape: Sequence[int]) -> int:
-    """A tensor's payload size in bytes."""
-    return dtype.itemsize * _numel(shape)
-
-
-def transport_error(
-    ctx: CallContext, bad: dict[int, str], *, step: str, why: str, fix: str, field: str = "transport"
-) -> BroadcastMismatchError:
-    """The error when a transport step failed on some ranks, built from facts every rank holds (identical).
-
-    ``bad`` maps each failing rank to what it saw; ``step`` names the transport step, e.g. "shared memory".
-    """
-    by_text: dict[str, list[int]] = {}
-    for rank in sorted(bad):
-        by_text.setdefault(bad[rank], []).append(rank)
-    body = "; ".join(f"{ranks_phrase(ranks)} {text}" for text, ranks in by_text.items())
-    return BroadcastMismatchError(
-        f"{ctx.call} call #{ctx.seq} (src={ctx.src}, {ctx.size} ranks): {step} failed: {body}. "
-        f"Raised on all {ctx.size} ranks; no rank returned data from this call.",
-        call=ctx.call,
-        seq=ctx.seq,
-        field=field,
-        src=ctx.src,
-        views=dict(bad),
-        ranks=tuple(sorted(bad)),
-        why=why,
-        fix=fix,
-    )
-
-
-def unpack(
+def move(
     ctx: CallContext,
-    data: torch.Tensor,
+    via: Via,
     spec: Spec,
-    offsets: list[int],
+    names: list[str],
+    sources: list[torch.Tensor] | None,
     outs: list[torch.Tensor | None],
-    *,
-    zero_copy: bool,
-) -> list[torch.Tensor]:
-    """This rank's tensors from the packed bytes: buffers filled, new tensors allocated, or views of ``data``."""
-    result = []
-    for (dtype, shape), offset, out in zip(spec, offsets, outs, strict=True):
-        nbytes = nbytes_of(dtype, shape)
-        piece = data[offset : offset + nbytes]
-        if out is None and zero_copy and nbytes:
-            result.append(piece.view(dtype).view(shape))
-            continue
-        if out is None:
-            out = allocate(ctx, shape, dtype=dtype, device="cpu")
-        if nbytes:
-            copy_back(out, piece)
-        result.append(out)
-    return result
+) -> list[torch.Tensor] | None:
+    """This rank's tensors, moved through shared memory or a file; ``None`` when the route is the network.
 
-
-def byte_view(tensor: torch.Tensor) -> memoryview:
-    """A writable memoryview of a CPU contiguous uint8 tensor's bytes (no copy; the tensor must outlive it)."""
-    n = tensor.numel()
-    if not n:
-        return memoryview(bytearray())
-    return memoryview((ctypes.c_ubyte * n).from_address(tensor.data_ptr())).cast("B")
+    Runs on every rank of a call whose verdict passed and whose ranks all passed ``via`` (not "network").
+    ``spec`` is the call's (dtype, shape) list, the same on every rank; ``sources`` src's tensors;
+    ``outs`` a receiver's buffers (``None`` entries: allocate, or view shared pages with ``zero_copy``).
+    """
+    route = agree(ctx, via, slots(spec)[1])
+    if route.kind == "shm":
+        return shm.transfer(ctx, route, spec, sources, outs, via.zero_copy)
+    if route.kind == "file":
+        return file.transfer(ctx, route, via, spec, names, sources, outs)
+    return None
