@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from distinit._net import is_loopback
 from distinit.env import DistEnv
 from distinit.errors import RendezvousError
-from distinit._net import is_loopback
 from distinit.init import _handover, _loopback, _messages, _preflight
 from distinit.init._loopback import Advertised
 
