@@ -1,30 +1,42 @@
-"""Same-host shared memory: one sealed, nameless segment per host, written once, read by the host's other ranks.
+"""Same-host shared memory: nameless segments a host's leader writes and the host's other ranks read.
 
-Steps (every rank of the group takes part in the three status exchanges, which are also the memory barriers):
+Two kinds of segment, both anonymous memory files (``memfd_create``: never a name in ``/dev/shm``, so a job
+SIGKILLed at any step leaves nothing behind; the memory lives exactly as long as a descriptor or mapping):
 
-1. Each host's leader (src on its host, else its lowest rank) creates an anonymous memory file
-   (``memfd_create``, named ``distinit-bc-<pid+start time>-<call>`` for ``/proc`` readers only, never in
-   ``/dev/shm``), mode 0400, and writes the payload into it with ``pwrite`` (across hosts src first sends
-   the packed bytes to every other host's leader, point to point). It then seals the file:
-   ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL``. From here on nobody, the leader included,
-   can change, shrink or grow it. The leader compares the sealed file with the bytes it wrote: they are
-   then the ones it wrote, for good (another process of the same user could have written into it before
-   the seal, through ``/proc``).
-2. Status exchange "written": the leader's row carries its pid, the descriptor number and the file's
-   (st_dev, st_ino), or why it failed. Readers open ``/proc/<leader pid>/fd/<n>`` read-only, and check the
-   device and inode (the file the leader created and checked, not one swapped in), size, owner and seals:
-   a sealed file with that inode holds exactly the bytes the leader checked.
-3. Status exchange "opened"; the leader closes its descriptor. Readers map the segment (private mapping of a
-   read-only descriptor: their writes stay in their own pages) and copy out, or with ``zero_copy`` keep
-   tensors that view the mapping.
+- **Pooled** (calls where no rank asked for ``zero_copy``): each process keeps, per group, one segment it
+  writes whenever it is its host's leader, reused by every later call whose payload fits (a larger one
+  replaces it). It is created, mapped writable (shared) once and then sealed ``F_SEAL_FUTURE_WRITE |
+  F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``, all while the process is not dumpable (its ``/proc/<pid>/fd``
+  is root's for those microseconds, so no other process of the user can open the file before the seal).
+  From then on nobody, the leader included, can write it with ``write``, map it writable, shrink, grow or
+  punch holes in it; only the leader's one mapping, made before the seal, still writes. Readers keep a
+  read-only shared mapping of it between calls (checked with ``fstat`` and ``F_GET_SEALS`` every call). The
+  pool's total is capped per process (:data:`POOL_ENV`) and released when the group is destroyed and at
+  exit.
+- **Sealed once** (``zero_copy`` calls, and payloads the cap does not admit): created, written with
+  ``pwrite``, sealed ``F_SEAL_WRITE`` (no mapping can write it any more), compared with what was written,
+  then read and dropped: a ``zero_copy`` view's pages can never change under it.
 
-Nothing is ever named in ``/dev/shm``: the memory lives exactly as long as a descriptor or mapping does, so a
-job SIGKILLed at any step leaves nothing behind. A sealed file cannot be truncated, so a ``zero_copy`` view
-never dies of SIGBUS, and its pages cannot change after the call returned.
+Steps (every rank of the group takes part in each status exchange; they are also the memory barriers):
+
+1. Status exchange "plan": each rank's ``zero_copy``, and each leader's pooled segment when the payload
+   fits it (pid, descriptor, device, inode).
+2. When no rank asked for ``zero_copy`` and every host's leader has a fitting pooled segment (the steady
+   state of repeated calls): leaders write the payload into it while readers open (or find in their
+   cache) and check it; status exchange "written" carries both; readers copy out. Two exchanges.
+3. Otherwise each leader creates (or grows) its pooled segment, or a sealed-once one, and writes it; status
+   exchange "written" names it (pid, descriptor, device, inode, kind); readers open ``/proc/<leader
+   pid>/fd/<n>`` read-only and check device, inode, owner, size and seals; status exchange "opened"; the
+   leader closes a sealed-once segment; readers copy out, or with ``zero_copy`` keep views of it.
+
+A pooled segment is rewritten only by a later call of the same group, after that call's header exchange,
+which every rank enters only once it has finished copying out of the previous call: the exchanges order
+every rewrite after every read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -33,6 +45,9 @@ import logging
 import mmap
 import os
 import stat
+import threading
+import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,32 +81,98 @@ ATTACH_FAILED = 2000  # + errno
 CORRUPT = 3001
 FOREIGN = 3002
 UNSEALED = 3003
+BAD_SETTING = 3004
 CHUNK = 1 << 30  # bytes per pwrite call
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; Python 3.11's fcntl does not name it
+POOL_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE
 ROW = 5  # status, pid, fd, st_dev, st_ino
 VERIFY = True
-"""Whether the leader compares its sealed segment with what it wrote (the benchmark turns it off to measure
-its cost; nothing else should)."""
+"""Whether the leader compares a sealed-once segment with what it wrote (the benchmark turns it off to
+measure its cost; nothing else should)."""
+POOL_ENV = "DISTINIT_SHM_POOL_BYTES"
+"""The environment variable capping the bytes of pooled segments one process holds (all groups together);
+``0`` turns the pool off. Read by each call."""
+POOL_DEFAULT_BYTES = 1 << 30
+"""The cap when :data:`POOL_ENV` is unset: 1 GiB per process."""
+POOL_PREFIX = f"{creator.PREFIX}pool-"
+"""The name (seen only in ``/proc/<pid>/fd`` and ``/proc/<pid>/maps``) of every pooled segment."""
 
 _TEXT = {
     CORRUPT: "found other bytes in its sealed segment than it wrote (another process wrote into it before the seal)",
     FOREIGN: "opened a file that is not the one its leader created (device, inode, size or owner differ)",
     UNSEALED: "found its host's segment not sealed against writes",
 }
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, an errno (not SIGBUS) when memory lacks
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 @functools.cache
+def _libc() -> Any:
+    """The C library's ``memcmp``, ``mmap``, ``munmap``, ``madvise`` and ``prctl`` (ctypes releases the GIL)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.memcmp.restype, libc.memcmp.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return libc
+
+
 def _memcmp() -> Any:
-    """The C library's ``memcmp(a, b, n)`` on raw addresses (ctypes releases the GIL while it runs)."""
-    memcmp = ctypes.CDLL(None).memcmp
-    memcmp.restype, memcmp.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    return memcmp
+    """The C library's ``memcmp(a, b, n)`` on raw addresses."""
+    return _libc().memcmp
 
 
 def _signed(value: int) -> int:
     """A 64-bit unsigned value (an inode number) as the int64 a status row carries."""
     value &= (1 << 64) - 1
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _errno_error() -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, os.strerror(code))
+
+
+def _map(fd: int, size: int, *, writable: bool) -> int:
+    """``mmap(MAP_SHARED)`` of ``size`` bytes of ``fd``: its address (read-only mappings are pre-faulted)."""
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    flags = mmap.MAP_SHARED | (0 if writable else mmap.MAP_POPULATE)
+    addr = _libc().mmap(None, size, prot, flags, fd, 0)
+    if addr in (None, _MAP_FAILED):
+        raise _errno_error()
+    return int(addr)
+
+
+def _over(addr: int, size: int) -> torch.Tensor:
+    """A uint8 tensor over ``size`` mapped bytes at ``addr`` (no copy; valid only while the mapping is)."""
+    return torch.frombuffer((ctypes.c_ubyte * size).from_address(addr), dtype=torch.uint8)
+
+
+_HIDE = threading.Lock()
+
+
+@contextlib.contextmanager
+def _hidden() -> Iterator[None]:
+    """This process's ``/proc/<pid>/fd`` closed to other processes of its user (not root) while inside.
+
+    A non-dumpable process's ``/proc/<pid>`` entries belong to root: another process of the same user can
+    then neither list nor open its descriptors (nor take them with ``pidfd_getfd``). Left as it is when the
+    process is not dumpable already.
+    """
+    libc = _libc()
+    with _HIDE:
+        if libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) != 1:
+            yield
+            return
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        try:
+            yield
+        finally:
+            libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
 class Segment:
@@ -145,29 +226,23 @@ class Segment:
         return [OK, os.getpid(), self.fd, _signed(st.st_dev), _signed(st.st_ino)]
 
     @classmethod
-    def attach(cls, row: list[int], size: int) -> tuple[int, Segment | None]:
-        """Open the leader's segment read-only from its status row; a status and the segment, or a status why not."""
-        _, pid, fd_number, dev, ino = row
+    def attach(cls, row: list[int], size: int, *, pooled: bool = False) -> tuple[int, Segment | None]:
+        """Open the leader's segment read-only from its status row; a status and the segment, or a status why not.
+
+        A sealed-once segment is exactly ``size`` bytes and sealed against writes; a ``pooled`` one holds at
+        least ``size`` bytes and is sealed against new writers (only its leader's mapping writes it).
+        """
+        _, pid, fd_number, dev, ino = row[:ROW]
         try:
             fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             logger.debug("cannot open /proc/%d/fd/%d: %s", pid, fd_number, exc)
             return ATTACH_FAILED + (exc.errno or 0), None
-        try:
-            st = os.fstat(fd)
-            same = (_signed(st.st_dev), _signed(st.st_ino)) == (dev, ino) and stat.S_ISREG(st.st_mode)
-            if not same or st.st_size != size or st.st_uid != os.geteuid():
-                logger.debug("segment of pid %d: dev/ino %s/%s, size %d, uid %d", pid, st.st_dev, st.st_ino,
-                             st.st_size, st.st_uid)  # fmt: skip
-                os.close(fd)
-                return FOREIGN, None
-            if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
-                os.close(fd)
-                return UNSEALED, None
-        except OSError as exc:
+        status = _check_file(fd, dev, ino, size, pooled=pooled)
+        if status != OK:
             os.close(fd)
-            return ATTACH_FAILED + (exc.errno or 0), None
-        return OK, cls(fd, size)
+            return status, None
+        return OK, cls(fd, os.fstat(fd).st_size if pooled else size)
 
     def map_private(self) -> torch.Tensor:
         """The whole segment as a uint8 tensor over a private copy-on-write mapping (writes stay here).
@@ -181,6 +256,173 @@ class Segment:
     def close(self) -> None:
         """Close the descriptor (the memory stays while a mapping or another descriptor holds it)."""
         os.close(self.fd)
+
+
+def _check_file(fd: int, dev: int, ino: int, size: int, *, pooled: bool) -> int:
+    """OK when ``fd`` is the leader's file (device, inode, regular, our uid), big enough, and sealed for its kind."""
+    try:
+        st = os.fstat(fd)
+        same = (_signed(st.st_dev), _signed(st.st_ino)) == (dev, ino) and stat.S_ISREG(st.st_mode)
+        fits = st.st_size >= size if pooled else st.st_size == size
+        if not same or not fits or st.st_uid != os.geteuid():
+            logger.debug("segment dev/ino %s/%s, size %d, uid %d", st.st_dev, st.st_ino, st.st_size, st.st_uid)
+            return FOREIGN
+        need = POOL_SEALS if pooled else SEALS
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & need != need:
+            return UNSEALED
+    except OSError as exc:
+        return ATTACH_FAILED + (exc.errno or 0)
+    return OK
+
+
+class Pooled:
+    """A leader's reusable segment: sealed against every new writer, written through the one mapping made before.
+
+    Created once per group (and again when a payload outgrows it): memory file, mode 0400, size, one
+    writable shared mapping, seals, all while this process's ``/proc/<pid>/fd`` is closed to other
+    processes of its user (:func:`_hidden`): nobody else can hold a writable descriptor or mapping from
+    before the seal, and after it nobody can make one. Then every page is allocated (``posix_fallocate``:
+    no memory is an errno, not a SIGBUS later) and faulted into the mapping.
+    """
+
+    def __init__(self, fd: int, size: int, addr: int) -> None:
+        self.fd, self.size, self.addr = fd, size, addr
+
+    @classmethod
+    def create(cls, size: int, name: str) -> Pooled:
+        """A new pooled segment of ``size`` bytes (a multiple of the page size), sealed and pre-faulted.
+
+        Raises:
+            OSError: no memory for it (``ENOMEM``/``ENOSPC``), or the kernel lacks ``F_SEAL_FUTURE_WRITE``.
+        """
+        with _hidden():
+            fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            addr = 0
+            try:
+                os.fchmod(fd, 0o400)
+                os.ftruncate(fd, size)
+                addr = _map(fd, size, writable=True)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, POOL_SEALS | fcntl.F_SEAL_SEAL)
+            except BaseException:
+                if addr:
+                    _libc().munmap(addr, size)
+                os.close(fd)
+                raise
+        seg = cls(fd, size, addr)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            if _libc().madvise(addr, size, _MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() != errno.EINVAL:
+                raise _errno_error()  # EINVAL: a kernel before 5.14; the first write faults the pages in
+        except BaseException:
+            seg.close()
+            raise
+        return seg
+
+    def write(self, offset: int, data: torch.Tensor) -> None:
+        """Copy a CPU contiguous uint8 tensor in at ``offset`` (through the mapping: the pages are allocated)."""
+        if data.numel():
+            _over(self.addr + offset, data.numel()).copy_(data)
+
+    def view(self, size: int) -> torch.Tensor:
+        """The first ``size`` bytes as a uint8 tensor (valid until :meth:`close`; never handed to callers)."""
+        return _over(self.addr, size)
+
+    def row(self) -> list[int]:
+        """What readers need to find and check this segment: OK, pid, descriptor, device, inode."""
+        st = os.fstat(self.fd)
+        return [OK, os.getpid(), self.fd, _signed(st.st_dev), _signed(st.st_ino)]
+
+    def close(self) -> None:
+        """Unmap and close: the memory goes once no reader holds it either."""
+        if self.addr:
+            _libc().munmap(self.addr, self.size)
+            self.addr = 0
+            os.close(self.fd)
+
+
+class Mapped:
+    """A reader's read-only shared mapping of a leader's pooled segment, kept between calls."""
+
+    def __init__(self, key: tuple[int, ...], seg: Segment) -> None:
+        self.key, self.fd, self.size = key, seg.fd, seg.size
+        try:
+            self.addr = _map(seg.fd, seg.size, writable=False)
+        except BaseException:
+            seg.close()
+            raise
+
+    def view(self, size: int) -> torch.Tensor:
+        """The first ``size`` bytes (read only: a write would fault; valid until :meth:`close`)."""
+        return _over(self.addr, size)
+
+    def close(self) -> None:
+        """Unmap and close."""
+        if self.addr:
+            _libc().munmap(self.addr, self.size)
+            self.addr = 0
+            os.close(self.fd)
+
+
+class GroupPool:
+    """What one process holds for one group: the segment it writes as a host leader, and those it reads."""
+
+    def __init__(self) -> None:
+        self.mine: Pooled | None = None
+        self.read: dict[int, Mapped] = {}  # by the leader's rank in the group
+
+    def drop_mine(self) -> None:
+        """Release the segment this process writes as a leader (its readers let it go at their next call)."""
+        if self.mine is not None:
+            self.mine.close()
+            self.mine = None
+
+    def close(self) -> None:
+        """Release every segment and mapping (at the group's destruction and at exit)."""
+        released = self.mine.size if self.mine is not None else 0
+        self.drop_mine()
+        for mapped in self.read.values():
+            mapped.close()
+        self.read.clear()
+        if released:
+            logger.debug(
+                "released a pooled shared-memory segment of %d bytes (group destroyed or exit); %d bytes pooled",
+                released, pool_bytes(),
+                extra={"distinit": {"event": "broadcast.pool", "action": "release", "nbytes": released,
+                                    "pooled": pool_bytes()}},
+            )  # fmt: skip
+
+
+_POOLS: weakref.WeakKeyDictionary[Any, GroupPool] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.RLock()  # re-entered when a collected group's finalizer runs inside a locked section
+
+
+def _pool_of(group: Any) -> GroupPool:
+    """The group's pool in this process, made on first use; released by ``weakref.finalize`` with the group."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(group)
+        if pool is None:
+            pool = _POOLS[group] = GroupPool()
+            weakref.finalize(group, pool.close)  # also runs at exit (atexit) for groups still alive
+        return pool
+
+
+def pool_bytes() -> int:
+    """Bytes of pooled segments this process holds as a host leader, all groups together."""
+    with _POOLS_LOCK:
+        return sum(p.mine.size for p in list(_POOLS.values()) if p.mine is not None)
+
+
+def pool_cap() -> int | None:
+    """The cap on :func:`pool_bytes` from :data:`POOL_ENV` (default :data:`POOL_DEFAULT_BYTES`); None if malformed."""
+    text = os.environ.get(POOL_ENV, "").strip()
+    if not text:
+        return POOL_DEFAULT_BYTES
+    return int(text) if text.isdigit() else None
+
+
+def _pooled_size(total: int) -> int:
+    page = mmap.PAGESIZE
+    return -(-total // page) * page
 
 
 def transfer(
@@ -198,51 +440,93 @@ def transfer(
 
     Raises:
         BroadcastMismatchError: on every rank: a segment could not be created, written, sealed or opened on
-            some rank (``field="transport"``, named, with the errno), or a leader read back other bytes
-            from its sealed segment than it wrote, or a reader found it was not its leader's sealed segment
-            (``field="payload"``); no receiver's buffer was written then.
+            some rank (``field="transport"``, named, with the errno), ``DISTINIT_SHM_POOL_BYTES`` is not a
+            number on some rank, or a leader read back other bytes from its sealed segment than it wrote, or
+            a reader found it was not its leader's sealed segment (``field="payload"``); no receiver's buffer
+            was written then.
         BroadcastTimeoutError: a peer died or a step timed out (on the waiting rank).
     """
     offsets, total = slots(spec)
     host = route.host_of(ctx.rank)
     leader = route.hosts[host][0]
-    seg: Segment | None = None
-    staging: torch.Tensor | None = None
+    pool = _pool_of(ctx.group)
+    cap = pool_cap()
+    plan = [OK if cap is not None else BAD_SETTING, int(zero_copy), 0, 0, 0, 0]
+    if leader == ctx.rank and pool.mine is not None and cap is not None:
+        if pool.mine.size > cap:  # the cap was lowered since: let it go
+            pool.drop_mine()
+        elif pool.mine.size >= total:
+            plan[2:] = pool.mine.row()[1:]
+    plans = sync_words(ctx, plan, "shared-memory plan")
+    _check(ctx, [p[0] for p in plans], "planning")
+    views = any(p[1] for p in plans)
+    shared = [ranks for ranks in route.hosts if len(ranks) > 1]
+    if not views and all(plans[ranks[0]][2] for ranks in shared):
+        return _reuse(ctx, route, spec, offsets, total, sources, outs, pool, plans[leader])
+    return _fresh(ctx, route, spec, offsets, total, sources, outs, zero_copy, pool if not views else None, cap)
+
+
+def _reuse(
+    ctx: CallContext,
+    route: Route,
+    spec: Spec,
+    offsets: list[int],
+    total: int,
+    sources: list[torch.Tensor] | None,
+    outs: list[torch.Tensor | None],
+    pool: GroupPool,
+    plan: list[int],
+) -> list[torch.Tensor]:
+    """Every host's pooled segment fits: leaders write into theirs while readers open (or reuse) and check it."""
+    host = route.host_of(ctx.rank)
+    leader = route.hosts[host][0]
+    staging = None
+    if leader == ctx.rank:
+        staging, written = _payload(ctx, route, offsets, total, sources, spec)
+        if pool.mine is not None and len(route.hosts[host]) > 1:
+            for offset, data in written:
+                pool.mine.write(offset, data)
+        status = OK
+    else:
+        status = _attach_pooled(pool, leader, [OK, *plan[2:]], total)
+    _check(ctx, sync(ctx, status, "shared-memory write"), "opening")
+    if ctx.rank == ctx.src and sources is not None:
+        return sources
+    if staging is not None:
+        return unpack(ctx, staging, spec, offsets, outs, zero_copy=False)
+    return unpack(ctx, pool.read[leader].view(total), spec, offsets, outs, zero_copy=False)
+
+
+def _attach_pooled(pool: GroupPool, leader: int, row: list[int], total: int) -> int:
+    """Find the leader's pooled segment in this reader's cache (checked again), or open, check and map it."""
+    key = tuple(row[1:ROW])
+    cached = pool.read.get(leader)
+    if cached is not None and cached.key == key:
+        return _check_file(cached.fd, row[3], row[4], total, pooled=True)
+    if cached is not None:  # the leader replaced it (grown) or another process leads now: let the old one go
+        cached.close()
+        del pool.read[leader]
+    status, seg = Segment.attach(row, total, pooled=True)
+    if seg is None:
+        return status
     try:
-        if leader == ctx.rank:
-            status, seg, staging = _write(ctx, route, spec, offsets, total, sources)
-            row = seg.row() if seg is not None and status == OK else [status] + [0] * (ROW - 1)
-        else:
-            row = [OK] + [0] * (ROW - 1)
-        rows = sync_words(ctx, row, "shared-memory write")
-        _check(ctx, [r[0] for r in rows], "writing")
-        if leader != ctx.rank:
-            status, seg = Segment.attach(rows[leader], total)
-        statuses = sync(ctx, status if leader != ctx.rank else OK, "shared-memory attach")
-        if leader == ctx.rank and seg is not None:
-            seg.close()  # every reader of this host holds its own descriptor now
-            seg = None
-        _check(ctx, statuses, "opening")
-        if ctx.rank == ctx.src and sources is not None:
-            return sources
-        if staging is not None:  # a leader that received across hosts holds the bytes already
-            return unpack(ctx, staging, spec, offsets, outs, zero_copy=zero_copy)
-        if seg is None:  # unreachable: a reader with status OK has opened the segment
-            raise RuntimeError(f"{ctx.call}: rank {ctx.rank} has no shared-memory segment to read")
-        mapped = seg.map_private() if total else torch.empty(0, dtype=torch.uint8)
-        return unpack(ctx, mapped, spec, offsets, outs, zero_copy=zero_copy)
-    finally:
-        if seg is not None:
-            seg.close()
+        pool.read[leader] = Mapped(key, seg)
+    except OSError as exc:
+        return ATTACH_FAILED + (exc.errno or 0)
+    return OK
 
 
-def _write(
-    ctx: CallContext, route: Route, spec: Spec, offsets: list[int], total: int, sources: list[torch.Tensor] | None
-) -> tuple[int, Segment | None, torch.Tensor | None]:
-    """A leader's part: get the bytes (src: its tensors; others: from src across hosts), write and seal the segment.
+def _payload(
+    ctx: CallContext,
+    route: Route,
+    offsets: list[int],
+    total: int,
+    sources: list[torch.Tensor] | None,
+    spec: Spec,
+) -> tuple[torch.Tensor | None, list[tuple[int, torch.Tensor]]]:
+    """A leader's bytes: src's tensors (wire views), or what src sent across hosts (received here).
 
-    Returns the status, the segment (None when no other rank shares the host), and the bytes received
-    across hosts (None on src).
+    Returns the bytes received across hosts (None on src) and the ``(offset, uint8 tensor)`` pieces to write.
     """
     is_src = ctx.rank == ctx.src and sources is not None
     packed = None
@@ -253,29 +537,152 @@ def _write(
                 wire, _ = wire_view(tensor, _CPU)
                 packed[offset : offset + wire.numel()].copy_(wire)
         _across_hosts(ctx, route, packed)
-    received = None if is_src else packed
+    if packed is None:  # src's own tensors (views, or staging copies of CUDA or strided ones, kept to compare)
+        written = [(o, wire_view(t, _CPU)[0]) for o, t in zip(offsets, sources or [], strict=True)]
+    else:
+        written = [(o, packed[o : o + nbytes_of(d, s)]) for (d, s), o in zip(spec, offsets, strict=True)]
+    return (None if is_src else packed), written
+
+
+def _fresh(
+    ctx: CallContext,
+    route: Route,
+    spec: Spec,
+    offsets: list[int],
+    total: int,
+    sources: list[torch.Tensor] | None,
+    outs: list[torch.Tensor | None],
+    zero_copy: bool,
+    pool: GroupPool | None,
+    cap: int | None,
+) -> list[torch.Tensor]:
+    """Create (or grow) the segments, name them in one exchange, open them, confirm in another, read them."""
+    host = route.host_of(ctx.rank)
+    leader = route.hosts[host][0]
+    seg: Segment | None = None
+    pooled: Pooled | None = None
+    staging: torch.Tensor | None = None
+    try:
+        if leader == ctx.rank:
+            status, seg, pooled, staging = _write(ctx, route, spec, offsets, total, sources, pool, cap)
+            made = pooled if pooled is not None else seg
+            row = made.row() if made is not None and status == OK else [status] + [0] * (ROW - 1)
+        else:
+            row = [OK] + [0] * (ROW - 1)
+        rows = sync_words(ctx, [*row, int(pooled is not None)], "shared-memory write")
+        _check(ctx, [r[0] for r in rows], "writing")
+        reading = None
+        if leader != ctx.rank:
+            if rows[leader][ROW] and pool is not None:
+                status = _attach_pooled(pool, leader, rows[leader], total)
+                if status == OK:
+                    reading = pool.read[leader].view(total)
+            else:
+                status, seg = Segment.attach(rows[leader], total)
+        statuses = sync(ctx, status if leader != ctx.rank else OK, "shared-memory attach")
+        if leader == ctx.rank and seg is not None:
+            seg.close()  # every reader of this host holds its own descriptor now
+            seg = None
+        _check(ctx, statuses, "opening")
+        if ctx.rank == ctx.src and sources is not None:
+            return sources
+        if staging is not None:  # a leader that received across hosts holds the bytes already
+            return unpack(ctx, staging, spec, offsets, outs, zero_copy=zero_copy)
+        if reading is not None:  # a pooled segment: copy out (no rank asked for views)
+            return unpack(ctx, reading, spec, offsets, outs, zero_copy=False)
+        if seg is None:  # unreachable: a reader with status OK has opened the segment
+            raise RuntimeError(f"{ctx.call}: rank {ctx.rank} has no shared-memory segment to read")
+        mapped = seg.map_private() if total else torch.empty(0, dtype=torch.uint8)
+        return unpack(ctx, mapped, spec, offsets, outs, zero_copy=zero_copy)
+    finally:
+        if seg is not None:
+            seg.close()
+
+
+def _write(
+    ctx: CallContext,
+    route: Route,
+    spec: Spec,
+    offsets: list[int],
+    total: int,
+    sources: list[torch.Tensor] | None,
+    pool: GroupPool | None,
+    cap: int | None,
+) -> tuple[int, Segment | None, Pooled | None, torch.Tensor | None]:
+    """A leader's part: get the bytes (src: its tensors; others: from src across hosts), write the segment.
+
+    Into the group's pooled segment when ``pool`` is given (no rank wants views) and the cap admits it
+    (created or grown here), else into a new sealed-once segment. Returns the status, the sealed-once
+    segment or the pooled one (None when no other rank shares the host), and the bytes received across
+    hosts (None on src).
+    """
+    received, written = _payload(ctx, route, offsets, total, sources, spec)
     if len(route.hosts[route.host_of(ctx.rank)]) == 1:
-        return OK, None, received
+        return OK, None, None, received
+    if pool is not None and cap is not None:
+        try:
+            pooled = _grow(ctx, pool, total, cap)
+        except OSError as exc:
+            logger.debug("rank %d: cannot create its pooled segment of %d bytes: %s", ctx.rank, total, exc)
+            return CREATE_FAILED + (exc.errno or 0), None, None, received
+        if pooled is not None:
+            for offset, data in written:
+                pooled.write(offset, data)
+            return OK, None, pooled, received
     seg = None
     try:
         seg = Segment.create(total, f"{creator.PREFIX}{creator.tag()}-{ctx.seq}")
-        if packed is None:  # src's own tensors (views, or staging copies of CUDA or strided ones, kept to compare)
-            written = [(o, wire_view(t, _CPU)[0]) for o, t in zip(offsets, sources or [], strict=True)]
-        else:
-            written = [(o, packed[o : o + nbytes_of(d, s)]) for (d, s), o in zip(spec, offsets, strict=True)]
         for offset, data in written:
             seg.write(offset, data)
         seg.seal()
         if VERIFY and not seg.holds(written):
             logger.debug("rank %d: its sealed segment does not hold what it wrote", ctx.rank)
             seg.close()
-            return CORRUPT, None, received
+            return CORRUPT, None, None, received
     except OSError as exc:  # no memory (ENOMEM/ENOSPC), or EBUSY: someone mapped it writable before the seal
         logger.debug("rank %d: cannot create, write or seal its host's segment: %s", ctx.rank, exc)
         if seg is not None:
             seg.close()
-        return CREATE_FAILED + (exc.errno or 0), None, received
-    return OK, seg, received
+        return CREATE_FAILED + (exc.errno or 0), None, None, received
+    return OK, seg, None, received
+
+
+_ABOVE_CAP_SAID = False
+
+
+def _grow(ctx: CallContext, pool: GroupPool, total: int, cap: int) -> Pooled | None:
+    """The group's pooled segment, made or replaced to hold ``total`` bytes; None when the cap does not admit it.
+
+    Raises:
+        OSError: no memory for a new segment.
+    """
+    global _ABOVE_CAP_SAID
+    if pool.mine is not None and pool.mine.size >= total:
+        return pool.mine
+    size = _pooled_size(total)
+    pool.drop_mine()  # grow = replace: readers drop the old one when they see the new one's row
+    others = pool_bytes()
+    if cap == 0:  # the pool is off
+        return None
+    if others + size > cap:
+        if not _ABOVE_CAP_SAID:
+            _ABOVE_CAP_SAID = True
+            logger.info(
+                "rank %d: %s call #%d: %d bytes by shared memory would bring the segment pool to %d bytes, above "
+                "its cap of %d (%s): such calls allocate a fresh segment each time (said once per process)",
+                ctx.rank, ctx.call, ctx.seq, total, others + size, cap, POOL_ENV,
+                extra={"distinit": {"event": "broadcast.pool", "action": "above_cap", "nbytes": total,
+                                    "pooled": others, "cap": cap}},
+            )  # fmt: skip
+        return None
+    pool.mine = Pooled.create(size, f"{POOL_PREFIX}{creator.tag()}")
+    logger.debug(
+        "rank %d: %s call #%d: pooled a shared-memory segment of %d bytes; %d bytes pooled of %d (%s)",
+        ctx.rank, ctx.call, ctx.seq, size, others + size, cap, POOL_ENV,
+        extra={"distinit": {"event": "broadcast.pool", "action": "create", "nbytes": size, "pooled": others + size,
+                            "cap": cap}},
+    )  # fmt: skip
+    return pool.mine
 
 
 _CPU = torch.device("cpu")
@@ -305,7 +712,11 @@ def _check(ctx: CallContext, statuses: list[int], step: str) -> None:
     bad = {r: _status_text(s) for r, s in enumerate(statuses) if s != OK}
     if not bad:
         return
-    if all(s in _TEXT for s in statuses if s != OK):
+    if all(s == BAD_SETTING for s in statuses if s != OK):
+        why = f"{POOL_ENV} caps the bytes of reusable shared-memory segments a process keeps; it must be a number"
+        fix = f"set {POOL_ENV} to a whole number of bytes (0 turns the pool off), or unset it for 1 GiB"
+        field = "transport"
+    elif all(s in _TEXT for s in statuses if s != OK):
         why = ("another process changed or replaced the segment between its creation and its seal; only a "
                "process of the same user (or root) can, through /proc/<pid>/fd")  # fmt: skip
         fix = "find the process of your user that opens other processes' descriptors, or pass via='network'"
@@ -319,6 +730,8 @@ def _check(ctx: CallContext, statuses: list[int], step: str) -> None:
 
 
 def _status_text(status: int) -> str:
+    if status == BAD_SETTING:
+        return f"has a {POOL_ENV} that is not a whole number of bytes"
     if status in _TEXT:
         return _TEXT[status]
     if status < ATTACH_FAILED:
