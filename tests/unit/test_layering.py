@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
-LEAVES = ("errors", "_duration", "_foreign", "_net")
+LEAVES = ("errors", "_duration", "_foreign", "_net", "_board")
 CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor", "rendezvous")
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {

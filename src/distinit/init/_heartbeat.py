@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 import torch.distributed as dist
 from torch.distributed import Store
 
+from distinit._board import Board, text
 from distinit._duration import wait_bound
 from distinit.errors import RendezvousError
 from distinit.init._pace import BEAT, STALE
@@ -220,6 +221,11 @@ class Liveness:
         self._thread: threading.Thread | None = None
         self._seq = 0
 
+    @property
+    def _board(self) -> Board:
+        """The ``lost`` key: who went away, published by the first rank that knew (built on use: no store kept)."""
+        return Board(self.store, "lost", rank=self.rank, world_size=self.world_size)
+
     def start(self) -> None:
         """Start the thread (its first act writes who this rank is)."""
         self._thread = threading.Thread(target=self._run, name=f"distinit-liveness-rank{self.rank}", daemon=True)
@@ -245,7 +251,7 @@ class Liveness:
             warned: set[int] = set()
             while True:
                 if self.rank != 0 and 0 not in self._who and self.store.check(["who/0"]):
-                    self._who[0] = _decoded(self.store.get("who/0"))
+                    self._who[0] = text(self.store.get("who/0"))
                 self._seq += 1
                 self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}")
                 watched = [r for r in (range(self.world_size) if self.rank == 0 else (0,)) if r != self.rank]
@@ -297,7 +303,7 @@ class Liveness:
         if who is None:
             with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
                 if self.store.check([f"who/{rank}"]):
-                    who = self._who[rank] = _decoded(self.store.get(f"who/{rank}"))
+                    who = self._who[rank] = text(self.store.get(f"who/{rank}"))
         if who is None:
             return f"rank {rank}"
         host, _, pid = who.partition("|")
@@ -326,7 +332,7 @@ class Liveness:
             keys = [f"who/{r}" for r in range(self.world_size)]
             present = self._present([r for r in range(self.world_size) if r != self.rank], "who")
             values = self.store.multi_get([keys[r] for r in present]) if present else []
-            self._who.update((r, _decoded(value)) for r, value in zip(present, values, strict=True))
+            self._who.update((r, text(value)) for r, value in zip(present, values, strict=True))
             dead = sorted(r for r, who in self._who.items() if _gone_here(who, self.host))
             if dead:
                 beats = self.store.multi_get([f"beat/{r}" for r in dead])
@@ -335,14 +341,15 @@ class Liveness:
                     f"{Silent(r, silent_for=0.0, last_wall=_wall(beat)).last_seen()})"
                     for r, beat in zip(dead, beats, strict=True)
                 )
-                return _decoded(self.store.compare_set("lost", "", found)) or found
+                return self._board.publish(found) or found
             seen: dict[int, tuple[bytes, float]] = {}
             peers = [r for r in range(self.world_size) if r != self.rank]
             self._silent(peers, seen, 0.0)
             quiet_end = time.monotonic() + 2 * self._beat_every + 0.5
             while time.monotonic() < end:
-                if self.store.check(["lost"]):
-                    return _decoded(self.store.get("lost"))
+                published = self._board.read()
+                if published is not None:
+                    return published
                 silent = self._silent(peers, seen, 2 * self._beat_every)
                 if silent or time.monotonic() >= quiet_end:
                     return (
@@ -355,36 +362,20 @@ class Liveness:
             return f"{self.describe(0)}: the store it hosts stopped answering (its process is gone or frozen)"
         finally:
             with contextlib.suppress(dist.DistError, RuntimeError, OSError):
-                self.store.add("consulted", 1)
+                self._board.acknowledge()
 
     def linger(self, bound: float) -> None:
         """Rank 0 (the store host): stay up until the other ranks consulted :meth:`lost`, or ``bound`` s.
 
         Leaves once the count stops growing for a second (the lost ranks never consult).
         """
-        now = time.monotonic()
-        end, last = now + bound, (-1, now)
-        with contextlib.suppress(dist.DistError, RuntimeError, OSError):
-            while now < end:
-                consulted = self.store.add("consulted", 0)
-                if consulted >= self.world_size:
-                    return
-                if consulted != last[0]:
-                    last = (consulted, now)
-                elif now - last[1] >= 1.0:
-                    return
-                time.sleep(0.05)
-                now = time.monotonic()
+        self._board.linger(bound=bound, settled=lambda seen: True)
 
 
 def _wall(beat: bytes) -> float | None:
     """The wall clock of a ``seq|wall`` beat value, if it is one."""
     wall = beat.decode(errors="replace").partition("|")[2]
     return float(wall) if wall.replace(".", "", 1).isdigit() else None
-
-
-def _decoded(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _gone_here(who: str, host: str) -> bool:

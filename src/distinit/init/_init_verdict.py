@@ -7,7 +7,7 @@ the generation, so no rank starts a new generation for it (the ranks would drift
 the others in another generation until the deadline). A rank still blocked in init (gloo's listener side
 waits about five times its timeout for a peer that can never connect) learns it from :class:`InitWatch`, a
 thread with its own store connection, and its caller raises it at once. The store host stays up until the
-others have read it, at most :data:`LINGER` s.
+others have read it, at most :data:`distinit._board.LINGER` s (the key is a :class:`distinit._board.Board`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import contextlib
 import logging
 import socket
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
-from torch.distributed import Store, TCPStore
+from torch.distributed import TCPStore
 
+from distinit._board import Board
 from distinit._net import interfaces
 from distinit.env import DistEnv
 from distinit.errors import RendezvousError
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("distinit.init")
 
-#: Longest time the store host waits for the other ranks to read the verdict before it raises it.
-LINGER = 3.0
 #: How often a blocked rank's watch looks for the verdict, and its store connection's bound.
 WATCH_EVERY = 0.25
 WATCH_TIMEOUT = 5.0
@@ -49,10 +47,6 @@ def verdict_key(namespace: str, generation: int) -> str:
     return f"{namespace}g{generation}/init_verdict"
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
 def classify_init_failure(
     exc: BaseException, *, join: JoinProtocol, generation: int, env: DistEnv, hosting: bool
 ) -> RendezvousError | None:
@@ -60,21 +54,17 @@ def classify_init_failure(
 
     None means an ordinary failure: the caller abandons the generation and retries.
     """
-    key = verdict_key(join.namespace, generation)
+    board = Board(join.store, verdict_key(join.namespace, generation), rank=env.rank, world_size=env.world_size)
     own = _own_verdict(exc, env=env, master=join.master, generation=generation)
     try:
-        if own is not None:
-            text = _text(join.store.compare_set(key, "", _messages.verdict_to_json(own)))
-        elif join.store.check([key]):
-            text = _text(join.store.get(key))
-        else:
-            return None
+        found = board.publish(_messages.verdict_to_json(own)) if own is not None else board.read()
     except _Failure as failure:  # the store went away: our own finding still stands
         logger.debug("rank %d: init verdict key unreachable: %s", env.rank, failure)
         return own
-    with contextlib.suppress(*_Failure):  # the verdict is known; a store gone meanwhile only ends the wait
-        acknowledge(join.store, key, rank=env.rank, world_size=env.world_size, hosting=hosting)
-    return _messages.verdict_from_json(text, rank=env.rank)
+    if found is None:
+        return None
+    _acknowledge(board, hosting=hosting)
+    return _messages.verdict_from_json(found, rank=env.rank)
 
 
 def _own_verdict(exc: BaseException, *, env: DistEnv, master: str, generation: int) -> RendezvousError | None:
@@ -101,15 +91,12 @@ def _own_verdict(exc: BaseException, *, env: DistEnv, master: str, generation: i
     )
 
 
-def acknowledge(store: Store, key: str, *, rank: int, world_size: int, hosting: bool) -> None:
-    """Count this rank as having read the verdict (once); the store host waits for the others first."""
-    if store.add(f"{key}/ack/{rank}", 1) == 1:
-        store.add(f"{key}/seen", 1)
-    if not hosting:
-        return
-    end = time.monotonic() + LINGER
-    while time.monotonic() < end and store.add(f"{key}/seen", 0) < world_size:
-        time.sleep(0.05)
+def _acknowledge(board: Board, *, hosting: bool) -> None:
+    """This rank read the verdict; the store host then waits for the others to read it too."""
+    with contextlib.suppress(*_Failure):  # the verdict is known; a store gone meanwhile only ends the wait
+        board.acknowledge()
+        if hosting:
+            board.linger()
 
 
 class InitWatch:
@@ -157,14 +144,12 @@ class InitWatch:
                 wait_for_workers=False,
                 timeout=timedelta(seconds=WATCH_TIMEOUT),
             )
+            board = Board(store, key, rank=self.env.rank, world_size=self.env.world_size)
             while not stop.wait(WATCH_EVERY):
-                if store.check([key]):
-                    text = _text(store.get(key))
-                    with contextlib.suppress(*_Failure):
-                        acknowledge(
-                            store, key, rank=self.env.rank, world_size=self.env.world_size, hosting=self.hosting
-                        )
-                    self._verdict = _messages.verdict_from_json(text, rank=self.env.rank)
+                found = board.read()
+                if found is not None:
+                    _acknowledge(board, hosting=self.hosting)
+                    self._verdict = _messages.verdict_from_json(found, rank=self.env.rank)
                     return
         except _Failure as exc:  # the store went away: the attempt itself sees that too
             logger.debug("rank %d: init watch stopped: %s", self.env.rank, exc)

@@ -19,8 +19,8 @@ from clean keys (the generation is bumped through the store, first writer wins):
   carries its writer's rank and the generation's token (a digest of the first ``world_size`` record, which
   every entered rank read); a value without them is refused (logged, removed), never raised. The store is
   unauthenticated (as torch's is): this stops garbage and stray writers, not a client that reads the token.
-* ``seen`` -- counter of ranks that know the verdict (its writer included), so the store host can linger just
-  long enough.
+* ``state/ack/<rank>``, ``state/seen`` -- the ranks that know the verdict (its writer included), so the store
+  host can linger just long enough: ``state`` is a :class:`distinit._board.Board`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import NoReturn
 import torch.distributed as dist
 from torch.distributed import Store
 
+from distinit._board import Board, text
 from distinit.errors import RankLostError, RendezvousError, WorldSizeMismatchError
 from distinit.init import _messages
 from distinit.init._attempt import AttemptFailed
@@ -50,10 +51,6 @@ logger = logging.getLogger("distinit.init")
 #: Seconds before the first "waiting for ranks" progress record, and between later ones.
 PROGRESS_FIRST = 10.0
 PROGRESS_EVERY = 30.0
-#: Longest time the store host stays up after a verdict so that peers can read it.
-LINGER = 3.0
-#: Seconds without a new rank learning the verdict after which the host stops lingering (see ``_linger``).
-LINGER_QUIET = 1.0
 
 
 def _pid_alive(pid: int) -> bool:
@@ -64,10 +61,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 _PROCESS_NONCE = uuid.uuid4().hex[:12]
@@ -149,7 +142,7 @@ class JoinProtocol:
 
     def generation(self) -> int:
         """The current generation (created as 0 by the first rank to ask)."""
-        return int(_text(self.store.compare_set(f"{self.namespace}generation", "", "0")))
+        return int(text(self.store.compare_set(f"{self.namespace}generation", "", "0")))
 
     def abandon(self, generation: int) -> None:
         """Move every rank on to ``generation + 1`` (no-op if someone already did)."""
@@ -159,7 +152,7 @@ class JoinProtocol:
     def _get_now(self, key: str) -> str | None:
         if not self.store.check([key]):
             return None
-        return _text(self.store.get(key))
+        return text(self.store.get(key))
 
     # protocol -------------------------------------------------------------------------------------
     def enter(self, generation: int) -> None:
@@ -184,14 +177,14 @@ class JoinProtocol:
         me = self.me.encode()
         # A resumed namespace may hold our own claim from the interrupted call before: counted then already.
         claimed_before = self.resumed and self.store.check([claim_key])
-        holder = _text(self.store.compare_set(claim_key, "", me))
+        holder = text(self.store.compare_set(claim_key, "", me))
         counted = claimed_before and holder == me
         takeover = False
         if holder != me:
             host, pid = holder.split("|")[:2]
             if host == self.me.host and pid.isdigit() and int(pid) != self.me.pid and not _pid_alive(int(pid)):
                 # A crashed process of this rank on this host: take its claim over; it was already counted.
-                takeover = _text(self.store.compare_set(claim_key, holder, me)) == me
+                takeover = text(self.store.compare_set(claim_key, holder, me)) == me
             if not takeover:
                 self._refuse(
                     generation,
@@ -212,7 +205,7 @@ class JoinProtocol:
     def _agree(self, generation: int, *, formed: bool) -> None:
         """Record this world size, or refuse another one recorded first."""
         mine = f"{self.world_size}|{self.rank}|{self.me.encode()}"
-        recorded = _text(self.store.compare_set(self._key(generation, "world_size"), "", mine))
+        recorded = text(self.store.compare_set(self._key(generation, "world_size"), "", mine))
         self._tokens[generation] = _digest(recorded)
         if recorded == mine:
             return
@@ -292,7 +285,7 @@ class JoinProtocol:
             if wait_for_key(
                 self.store, key, end, sleep=sleep, tick=lambda: self._tick(generation), poll=self.pace.poll
             ):
-                state: str | None = _text(self.store.get(key))
+                state: str | None = text(self.store.get(key))
             else:
                 state = self._get_now(key)  # a last look: the last "ok" may have arrived as the wait ended
             if state is None:
@@ -340,13 +333,13 @@ class JoinProtocol:
 
     def _published_missing(self, generation: int) -> list[int] | None:
         """The missing ranks rank 0 published (one key), or None if it published none (or a bad value)."""
-        text = self._get_now(self._key(generation, "missing"))
-        if text is None:
+        published = self._get_now(self._key(generation, "missing"))
+        if published is None:
             return None
         try:
-            return decode_ranks(text, self.world_size)
+            return decode_ranks(published, self.world_size)
         except ValueError:
-            logger.debug("rank %d: ignored a malformed missing-ranks key %r", self.rank, text[:80])
+            logger.debug("rank %d: ignored a malformed missing-ranks key %r", self.rank, published[:80])
             return None
 
     def _note(self, missing: int) -> None:
@@ -432,19 +425,23 @@ class JoinProtocol:
         if self.store.add(self._key(generation, "joined"), 0) >= self.world_size:
             self.store.compare_set(key, "", "ok")
 
-    def _put_state(self, generation: int, text: str) -> str:
-        """Publish ``text`` as the state (first writer wins; a forged value is refused first): the state now."""
-        key = self._key(generation, "state")
-        state = _text(self.store.compare_set(key, "", text))
-        if state not in (text, "ok") and not self._genuine(generation, state):
+    def _board(self, generation: int) -> Board:
+        """``generation``'s ``state`` key as the verdict board."""
+        return Board(self.store, self._key(generation, "state"), rank=self.rank, world_size=self.world_size)
+
+    def _put_state(self, generation: int, verdict: str) -> str:
+        """Publish ``verdict`` as the state (first writer wins; a forged value is refused first): the state now."""
+        board = self._board(generation)
+        state = board.publish(verdict)
+        if state not in (verdict, "ok") and not self._genuine(generation, state):
             self._clear_forged(generation, state)
-            state = _text(self.store.compare_set(key, "", text))
+            state = board.publish(verdict)
         return state
 
     def _publish(self, generation: int, verdict: RendezvousError) -> NoReturn:
-        text = _messages.verdict_to_json(verdict, writer=self.rank, token=self._token(generation))
-        state = self._put_state(generation, text)
-        if state in (text, "ok"):
+        mine = _messages.verdict_to_json(verdict, writer=self.rank, token=self._token(generation))
+        state = self._put_state(generation, mine)
+        if state in (mine, "ok"):
             # Ours is the verdict (or the world formed without this process): raise it here.
             self._saw(generation)
             self._linger(generation, verdict)
@@ -477,38 +474,28 @@ class JoinProtocol:
     def _saw(self, generation: int) -> None:
         """Count this rank among those that know the verdict (if the host is gone, the text is what matters)."""
         with contextlib.suppress(dist.DistError):
-            self.store.add(self._key(generation, "seen"), 1)
+            self._board(generation).acknowledge()
 
     def _linger(self, generation: int, verdict: RendezvousError) -> None:
-        """On the store host: stay up until every rank learned ``verdict``, at most :data:`LINGER` s.
+        """On the store host: stay up until every rank learned ``verdict`` (:meth:`distinit._board.Board.linger`).
 
         Every rank, joined or not: a rank refused before it counted (a world-size mismatch, a duplicate), one
         still connecting, a late one, or a lost rank that was only frozen and resumes learns the verdict only
         while the store is up. When some ranks may never read it (the lost ranks of a :class:`RankLostError`;
         a mismatch, where the host cannot know which size is true), the host leaves earlier: once every
-        joined rank but the lost ones knows and nobody new learned it for :data:`LINGER_QUIET` s.
+        joined rank but the lost ones knows and nobody new learned it for a quiet second.
         """
         if not self.hosting:
             return
         lost = isinstance(verdict, RankLostError)
-        unsure = lost or isinstance(verdict, WorldSizeMismatchError)
         absent = len(verdict.ranks) if lost else 0
-        now = time.monotonic()
-        end, last = now + LINGER, (-1, now)
-        while now < end:
-            try:
-                seen = self.store.add(self._key(generation, "seen"), 0)
-                joined = self.store.add(self._key(generation, "joined"), 0)
-            except dist.DistError:
-                return
-            if seen >= self.world_size:
-                return
-            if seen != last[0]:
-                last = (seen, now)
-            elif unsure and seen >= joined - absent and now - last[1] >= LINGER_QUIET:
-                return
-            time.sleep(0.05)
-            now = time.monotonic()
+        joined_key = self._key(generation, "joined")
+
+        def settled(seen: int) -> bool:
+            return seen >= self.store.add(joined_key, 0) - absent
+
+        unsure = lost or isinstance(verdict, WorldSizeMismatchError)
+        self._board(generation).linger(settled=settled if unsure else lambda seen: False)
 
 
 def _log_waiting(join: JoinProtocol, generation: int, *, missing: list[int], waited: float) -> None:

@@ -225,7 +225,7 @@ def test_one_verdict_on_the_store_for_every_rank_and_none_on_one_host() -> None:
         RuntimeError(LISTENER), join=join, generation=0, env=_world(rank=0, local_rank=0), hosting=False
     )
     assert listener is not None and str(listener) == str(connector) and listener.rank == 0
-    assert store.add(f"{verdict_key(join.namespace, 0)}/seen", 0) == 2
+    assert store.add(f"{verdict_key(join.namespace, 0)}/seen", 0) == 2  # the board counts each reader once
     other: Any = SimpleNamespace(store=HashStore(), namespace="n/", master="127.0.0.1:29500")
     one_host = _world(master_addr="127.0.0.1", local_world_size=2, local_rank=1)
     assert classify_init_failure(RuntimeError(CONNECTOR), join=other, generation=0, env=one_host, hosting=False) is None

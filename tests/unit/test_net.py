@@ -1,0 +1,65 @@
+"""distinit._net: the host's network facts, on loopback only (no namespace, no other host)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from distinit import _net
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        pytest.param("127.0.0.1", True, id="v4"),
+        pytest.param("127.0.1.1", True, id="debian-hostname"),
+        pytest.param("::1", True, id="v6"),
+        pytest.param("::ffff:127.0.0.1", True, id="v4-mapped"),
+        pytest.param("10.0.0.1", False, id="private"),
+        pytest.param("fe80::1%eth0", False, id="link-local-scoped"),
+        pytest.param("node-1", False, id="a-name"),
+        pytest.param("", False, id="empty"),
+    ],
+)
+def test_is_loopback(address: str, loopback: bool) -> None:
+    assert _net.is_loopback(address) is loopback
+
+
+def test_binds_an_address_of_this_host_only() -> None:
+    assert _net.binds("127.0.0.1")
+    assert not _net.binds("192.0.2.1")  # TEST-NET-1: never an address of this host
+
+
+def test_interfaces_exclude_loopback() -> None:
+    assert all(not _net.is_loopback(ip) for _, ip in _net.interfaces())
+    assert _net.interface_ipv4("lo") == "127.0.0.1"
+    assert _net.interface_ipv4("no-such-interface") is None
+
+
+def test_probe_classifies_refused_and_a_foreign_listener() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        listener.listen(1)
+        seen = _net.probe("127.0.0.1", port, 5.0, handshake_timeout=0.3)  # accepted by the backlog, never answered
+        assert seen.kind == "foreign", seen
+        holder = _net.port_holder(port)
+        assert holder is None or "pid" in holder or "owner" in holder
+    assert _net.probe("127.0.0.1", port, 5.0).kind == "refused"
+    assert _net.probe("no-such-host.invalid", 1, 5.0).kind == "dns"
+
+
+def test_a_leaf_without_torch_or_pydantic() -> None:
+    code = "import sys, distinit._net, distinit._board; sys.exit(bool({'torch', 'pydantic'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_the_torchrun_backend_imports_no_init() -> None:
+    code = (
+        "import sys, distinit.rendezvous; "
+        "sys.exit(any(m == 'pydantic' or m.startswith('distinit.init') for m in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
