@@ -37,6 +37,7 @@ from distinit.broadcast._bounds import PROBLEM_OF_OP
 from distinit.broadcast._header import (
     FIXED_WORDS,
     FLAG_FLAT,
+    FLAG_ZERO_COPY,
     INLINE_BYTES,
     MAGIC,
     MAX_NDIM,
@@ -80,9 +81,10 @@ INT64_MIN = -(1 << 63)
 A_HAS_BUFFER = 2 * FIXED_WORDS  # ~has_buffer: its MAX is ~(min over ranks), i.e. "every rank has a buffer"
 A_FLAT = A_HAS_BUFFER + 1  # ~(FLAG_FLAT set): "every rank's module is flattened"
 A_LIMIT = A_FLAT + 1  # ~limit: the smallest max_bytes of the group
-A_SHARED_FLAGS = A_LIMIT + 1  # the flag bits every rank must share (all but FLAG_FLAT, e.g. the transport)...
+A_SHARED_FLAGS = A_LIMIT + 1  # the flag bits every rank must share (all but FLAG_FLAT/FLAG_ZERO_COPY: transport)...
 A_SHARED_FLAGS_LOW = A_SHARED_FLAGS + 1  # ...and their complement: maximum and minimum, as for the fixed words
-W_PAYLOAD = A_SHARED_FLAGS_LOW + 1  # src's inline payload, INLINE_BYTES of it
+A_ZERO_COPY = A_SHARED_FLAGS_LOW + 1  # FLAG_ZERO_COPY set (1/0): its MAX is "some rank asked for zero_copy"
+W_PAYLOAD = A_ZERO_COPY + 1  # src's inline payload, INLINE_BYTES of it
 DIGEST_WORDS = W_PAYLOAD + INLINE_BYTES // 8
 DIGEST_BYTES = DIGEST_WORDS * 8
 
@@ -147,9 +149,11 @@ def contribution(words: list[int], *, rank: int, inline: torch.Tensor | bytes | 
     high = [w if m else INT64_MIN for w, m in zip(words, mask, strict=True)]
     low = [~w if m else INT64_MIN for w, m in zip(words, mask, strict=True)]
     flags = words[W_FLAGS]
-    flat, shared = (1 if flags & FLAG_FLAT else 0), flags & ~FLAG_FLAT
+    flat, zero_copy = (1 if flags & FLAG_FLAT else 0), (1 if flags & FLAG_ZERO_COPY else 0)
+    shared = flags & ~(FLAG_FLAT | FLAG_ZERO_COPY)
     buf = bytearray(DIGEST_BYTES)
-    _HEAD.pack_into(buf, 0, *high, *low, ~(1 if words[W_HAS_BUFFER] else 0), ~flat, ~words[W_LIMIT], shared, ~shared)
+    has_buffer = 1 if words[W_HAS_BUFFER] else 0
+    _HEAD.pack_into(buf, 0, *high, *low, ~has_buffer, ~flat, ~words[W_LIMIT], shared, ~shared, zero_copy)
     if is_src:
         _header.put_inline(buf, _header.address_of(buf), W_PAYLOAD * 8, inline)
     else:
@@ -162,10 +166,10 @@ def decode(reduced: bytes | bytearray, group_size: int) -> Exchange | None:
 
     Agreement: every fixed word has one value (maximum equals minimum), src is in the group, no rank
     reported a problem, src's row is well formed for its call kind and, for an object, within every
-    rank's ``max_bytes``, and every rank sets the same flag bits but the flat one. That implies
+    rank's ``max_bytes``, and every rank sets the same flag bits but the flat and zero-copy ones. That implies
     :func:`distinit.broadcast._mismatch.agreed` on the rows themselves. The views: src's row at ``src``;
     at every other index the group's summary, src's row with ``has_buffer``, the flat flag and ``limit``
-    replaced by their minimum over the group (what a
+    replaced by their minimum over the group and the zero-copy flag by its maximum (what a
     receiver's own row holds beyond that is not known, and not needed once the ranks agree).
     """
     head = _HEAD.unpack_from(reduced, 0)
@@ -179,9 +183,8 @@ def decode(reduced: bytes | bytearray, group_size: int) -> Exchange | None:
     limit, shared = ~head[A_LIMIT], head[A_SHARED_FLAGS]
     if (sv.op == OP_OBJECT and limit < sv.aux_nbytes + sv.nbytes) or shared != ~head[A_SHARED_FLAGS_LOW]:
         return None
-    summary = dataclasses.replace(
-        sv, has_buffer=~head[A_HAS_BUFFER] == 1, flags=shared | (FLAG_FLAT if ~head[A_FLAT] == 1 else 0), limit=limit
-    )
+    flags = shared | (FLAG_FLAT if ~head[A_FLAT] == 1 else 0) | (FLAG_ZERO_COPY if head[A_ZERO_COPY] == 1 else 0)
+    summary = dataclasses.replace(sv, has_buffer=~head[A_HAS_BUFFER] == 1, flags=flags, limit=limit)
     views = [summary] * group_size
     views[sv.src] = sv
     inline: dict[int, bytes] = {}

@@ -59,6 +59,9 @@ W_LIMIT = 28  # the most payload bytes this rank accepts (broadcast_object's max
 
 FLAG_FLAT = 1
 """``W_FLAGS`` bit: this rank's module is flattened (:func:`distinit.flatten_module_`) and can move zero-copy."""
+FLAG_ZERO_COPY = 2
+"""``W_FLAGS`` bit: this rank asked for ``zero_copy``; the only per-rank transport fact ``via="auto"`` needs, so the
+header verdict settles auto's route without a collective of its own when no rank asked (ranks may differ)."""
 
 OP_TENSOR, OP_OBJECT, OP_STATE_DICT, OP_MODULE = 1, 2, 3, 4
 OP_NAMES = {

@@ -24,7 +24,7 @@ from distinit.broadcast._codec import decode, encode, schema_fingerprint
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
 from distinit.broadcast._mismatch import rank_error
-from distinit.broadcast._transport.pack import as_bytes, broadcast_bytes, from_bytes, wait_or_raise
+from distinit.broadcast._transport.pack import allocate, as_bytes, broadcast_bytes, from_bytes, wait_or_raise
 from distinit.errors import BroadcastMismatchError
 
 logger = logging.getLogger("distinit.broadcast")
@@ -216,7 +216,7 @@ def _receive(ctx: CallContext, sv: _header.View, tp: Any) -> Any:
     if ctx.comm_device.type == "cpu" and total:
         wait_or_raise(broadcast_bytes(torch.frombuffer(raw, dtype=torch.uint8), ctx), ctx, "payload broadcast")
     else:
-        wire = torch.empty(total, dtype=torch.uint8, device=ctx.comm_device)
+        wire = allocate(ctx, (total,), dtype=torch.uint8, device=ctx.comm_device)
         wait_or_raise(broadcast_bytes(wire, ctx), ctx, "payload broadcast")
         if total:
             torch.frombuffer(raw, dtype=torch.uint8).copy_(wire)

@@ -27,8 +27,8 @@ from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
 from distinit.broadcast._layout import Entry, Layout, decode_meta, diff_metadata, encode_meta, entries, layout
 from distinit.broadcast._staging import staged_plan
-from distinit.broadcast._transport.choose import NETWORK, Via, check_agreed, move, via_option
-from distinit.broadcast._transport.pack import allocate, broadcast_bytes, from_bytes, to_bytes, wait_or_raise
+from distinit.broadcast._transport.choose import NETWORK, Route, Via, agree, check_agreed, move, via_option
+from distinit.broadcast._transport.pack import Spec, allocate, broadcast_bytes, from_bytes, to_bytes, wait_or_raise
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -80,9 +80,10 @@ def run(
     # Some rank allocates from src's metadata: every rank checks it.
     src_meta = _src_metadata(ctx, exchanged, meta) if not all(v.has_buffer for v in views) else None
     if via.name != "network":
-        moved = _move(ctx, via, mine, src_meta, device)
-        if moved is not None:
-            return moved
+        names, spec = _spec(ctx, mine, src_meta)
+        route = agree(ctx, via, views, spec)
+        if route.kind != "network":
+            return names, _move(ctx, route, via, mine, spec, names, device)
     if mine is None and src_meta is not None:
         mine = _allocate(ctx, src_meta, device)
     if mine is None:  # unreachable: the verdict checked src's status and _allocate returned
@@ -92,25 +93,37 @@ def run(
     return mine
 
 
-def _move(
-    ctx: CallContext, via: Via, mine: Named | None, src_meta: list[Entry] | None, device: torch.device | None
-) -> Named | None:
-    """The tensors moved by shared memory or a file (None: the agreed route is the network after all)."""
+def _spec(ctx: CallContext, mine: Named | None, src_meta: list[Entry] | None) -> tuple[list[str], Spec]:
+    """The call's names and (dtype, shape) list: this rank's own tensors, or src's checked metadata.
+
+    Raises:
+        BroadcastMismatchError: src's metadata holds a dtype this torch lacks (before the transport starts).
+    """
     if mine is not None:
-        names, spec = mine[0], [(t.dtype, tuple(t.shape)) for t in mine[1]]
-        outs: list[torch.Tensor | None] = list(mine[1]) if ctx.rank != ctx.src else [None] * len(spec)
-    else:
-        meta = src_meta or []
-        names = [key for key, _, _ in meta]
-        spec = [(DTYPE_OF_CODE.get(code, torch.uint8), tuple(shape)) for _, code, shape in meta]
-        missing = [(key, code) for key, code, _ in meta if code not in DTYPE_OF_CODE]
-        if missing:  # a dtype the protocol defines but this torch lacks: refuse before the transport starts
-            raise _mismatch.missing_dtype(ctx, missing[0][1], repr(missing[0][0]))
-        outs = [None] * len(spec)
-        if device is not None and device.type != "cpu":
-            outs = [allocate(ctx, shape, dtype=dtype, device=device) for dtype, shape in spec]
-    moved = move(ctx, via, spec, names, mine[1] if mine is not None and ctx.rank == ctx.src else None, outs)
-    return (names, moved) if moved is not None else None
+        return mine[0], [(t.dtype, tuple(t.shape)) for t in mine[1]]
+    meta = src_meta or []
+    missing = [(key, code) for key, code, _ in meta if code not in DTYPE_OF_CODE]
+    if missing:
+        raise _mismatch.missing_dtype(ctx, missing[0][1], repr(missing[0][0]))
+    return [key for key, _, _ in meta], [(DTYPE_OF_CODE[code], tuple(shape)) for _, code, shape in meta]
+
+
+def _move(
+    ctx: CallContext,
+    route: Route,
+    via: Via,
+    mine: Named | None,
+    spec: Spec,
+    names: list[str],
+    device: torch.device | None,
+) -> list[torch.Tensor]:
+    """The tensors moved by shared memory or a file, as ``route`` (not the network) says."""
+    outs: list[torch.Tensor | None] = [None] * len(spec)
+    if mine is not None and ctx.rank != ctx.src:
+        outs = list(mine[1])
+    elif mine is None and device is not None and device.type != "cpu":
+        outs = [allocate(ctx, shape, dtype=dtype, device=device) for dtype, shape in spec]
+    return move(ctx, route, via, spec, names, mine[1] if mine is not None and ctx.rank == ctx.src else None, outs)
 
 
 def _row(
@@ -161,7 +174,7 @@ def _src_metadata(ctx: CallContext, exchanged: _header.Exchange, meta: bytes) ->
         buf = (
             from_bytes(meta).to(ctx.comm_device)
             if is_src
-            else torch.empty(size, dtype=torch.uint8, device=ctx.comm_device)
+            else allocate(ctx, (size,), dtype=torch.uint8, device=ctx.comm_device)
         )
         wait_or_raise(broadcast_bytes(buf, ctx), ctx, "metadata broadcast")
         raw = meta if is_src else to_bytes(buf.cpu())

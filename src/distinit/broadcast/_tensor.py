@@ -13,7 +13,7 @@ from distinit.broadcast import _header, _mismatch
 from distinit.broadcast._dtypes import DTYPE_OF_CODE, describe, device_type_code, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
-from distinit.broadcast._transport.choose import Via, check_agreed, move, via_option
+from distinit.broadcast._transport.choose import Route, Via, agree, check_agreed, move, via_option
 from distinit.broadcast._transport.pack import (
     Spec,
     allocate,
@@ -130,9 +130,11 @@ def _deliver(
     """Move the payload once the verdict passed: by the agreed transport, inside the header, or one broadcast."""
     sv = exchanged.views[ctx.src]
     if option.name != "network" and sv.inline == _header.NOT_INLINE:
-        moved = _move(ctx, option, sv, usable, device)
-        if moved is not None:
-            return moved
+        dtype = DTYPE_OF_CODE.get(sv.dtype)
+        spec: Spec = [(dtype, tuple(sv.shape))] if dtype is not None else [(torch.uint8, (sv.nbytes,))]
+        route = agree(ctx, option, exchanged.views, spec)
+        if route.kind != "network":
+            return _move(ctx, route, option, spec, sv, usable, device)
     if usable is not None and ctx.rank == ctx.src:
         if sv.inline == _header.NOT_INLINE:
             wire, _ = wire_view(usable, ctx.comm_device)
@@ -142,11 +144,16 @@ def _deliver(
 
 
 def _move(
-    ctx: CallContext, option: Via, sv: _header.View, usable: torch.Tensor | None, device: torch.device | str | None
-) -> torch.Tensor | None:
-    """The tensor moved by shared memory or a file (None: the agreed route is the network after all)."""
+    ctx: CallContext,
+    route: Route,
+    option: Via,
+    spec: Spec,
+    sv: _header.View,
+    usable: torch.Tensor | None,
+    device: torch.device | str | None,
+) -> torch.Tensor:
+    """The tensor moved by shared memory or a file, as ``route`` (not the network) says."""
     dtype = DTYPE_OF_CODE.get(sv.dtype)
-    spec: Spec = [(dtype, tuple(sv.shape))] if dtype is not None else [(torch.uint8, (sv.nbytes,))]
     out = usable if ctx.rank != ctx.src else None
     if out is None and ctx.rank != ctx.src:
         # Where the network path would allocate (a CUDA source lands on this rank's GPU, as there). Views of
@@ -155,9 +162,7 @@ def _move(
         if target.type != "cpu" or dtype is None or (device is not None and not option.zero_copy):
             out = allocate(ctx, spec[0][1], dtype=spec[0][0], device=target)
     sources = [usable] if ctx.rank == ctx.src and usable is not None else None
-    moved = move(ctx, option, spec, ["tensor"], sources, [out])
-    if moved is None:
-        return None
+    moved = move(ctx, route, option, spec, ["tensor"], sources, [out])
     if dtype is None:
         raise _mismatch.missing_dtype(ctx, sv.dtype, f"a tensor of shape {list(sv.shape)}")
     return moved[0]
@@ -215,7 +220,7 @@ def _receive(
         if not exchanged.copy_inline_into(ctx.src, out):
             copy_back(out, exchanged.inline_payload(ctx.src))  # copy_ moves it to out's device
         return out
-    buf, staged = receive_view(out, ctx.comm_device)
+    buf, staged = receive_view(ctx, out)
     wait_or_raise(broadcast_bytes(buf, ctx), ctx, "payload broadcast")
     if staged:
         copy_back(out, buf)

@@ -20,6 +20,7 @@ from distinit.broadcast._digest import DIGEST_BYTES, DIGEST_WORDS, contribution,
 from distinit.broadcast._header import (
     FIXED_WORDS,
     FLAG_FLAT,
+    FLAG_ZERO_COPY,
     NOT_INLINE,
     OP_MODULE,
     OP_OBJECT,
@@ -233,3 +234,19 @@ def test_flag_bits_other_than_flat_must_be_shared_and_reach_every_view(differ: b
     else:
         assert exchanged is not None
         assert [view.flags for view in exchanged.views] == [transport, transport]  # flat only if every rank is
+
+
+@pytest.mark.parametrize("asked", [(False, False, False), (False, True, False), (True, False, False)])
+def test_zero_copy_may_differ_and_every_view_says_whether_some_rank_asked(asked: tuple[bool, ...]) -> None:
+    """``via="auto"`` settles from the views: the digest carries "some rank asked for zero_copy" (a MAX)."""
+    auto = 1 << 8
+    rows = [
+        fixed_words(seq=1, op=OP_STATE_DICT, src=0, has_buffer=rank == 0, fingerprint=5 if rank == 0 else 0,
+                    count=2 if rank == 0 else 0, flags=auto | (FLAG_ZERO_COPY if wants else 0))
+        for rank, wants in enumerate(asked)
+    ]  # fmt: skip
+    exchanged = decode(_reduce(rows), len(rows))
+    assert exchanged is not None  # a difference in zero_copy alone is no disagreement
+    some = any(view.flags & FLAG_ZERO_COPY for view in exchanged.views)
+    assert some == any(asked)
+    assert all(view.flags & ~(FLAG_ZERO_COPY | FLAG_FLAT) == auto for view in exchanged.views)

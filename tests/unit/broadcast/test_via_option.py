@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from distinit.broadcast._header import FLAG_ZERO_COPY
 from distinit.broadcast._transport import choose as _via
 from distinit.broadcast._transport import pack
 from distinit.broadcast._transport import shm as _shm
-from distinit.broadcast._transport.choose import AUTO_SHM_MIN_BYTES, decide, group_hosts, via_option
+from distinit.broadcast._transport.choose import AUTO_SHM_MIN_BYTES, decide, group_hosts, settled, via_option
 from distinit.broadcast._transport.pack import slots
 
 A, B = (11, 12), (21, 22)
@@ -44,13 +45,14 @@ def test_bad_options_are_refused_naming_the_argument(
 
 def test_good_options_and_their_flags() -> None:
     assert via_option("network").flags == 0
-    assert via_option("shm", zero_copy=True).flags == 2 << 8
+    assert via_option("shm", zero_copy=True).flags == 2 << 8 | FLAG_ZERO_COPY
+    assert via_option("auto").flags == 1 << 8
     opt = via_option("file", path=Path("/tmp"), keep=True)
     assert (opt.path, opt.keep, opt.flags) == ("/tmp", True, 3 << 8)
 
 
-def _rows(keys: list[tuple[int, int]], free: int = 1 << 40, views: int = 0) -> list[list[int]]:
-    return [[*key, free, 7, 9, views] for key in keys]
+def _rows(keys: list[tuple[int, int]], free: int = 1 << 40) -> list[list[int]]:
+    return [[*key, free, 7, 9] for key in keys]
 
 
 @pytest.mark.parametrize(
@@ -70,14 +72,35 @@ def _rows(keys: list[tuple[int, int]], free: int = 1 << 40, views: int = 0) -> l
 def test_route_decision(
     via: str, keys: list[tuple[int, int]], src: int, total: int, free: int, kind: str, note: str
 ) -> None:
-    route = decide(via, _rows(keys, free, views=1), src=src, total=total)
+    route = decide(via, _rows(keys, free), src=src, total=total, zero_copy=True)
     assert route.kind == kind and note in route.note
     assert route.token == f"{7:016x}{9:016x}"
 
 
 def test_auto_keeps_copying_receivers_on_the_network() -> None:
-    route = decide("auto", _rows([A] * 4, views=0), src=0, total=AUTO_SHM_MIN_BYTES)
+    route = decide("auto", _rows([A] * 4), src=0, total=AUTO_SHM_MIN_BYTES, zero_copy=False)
     assert route.kind == "network" and "zero_copy" in route.note
+
+
+@pytest.mark.parametrize(
+    ("via", "zero_copy", "total", "kind"),
+    [
+        pytest.param("auto", False, AUTO_SHM_MIN_BYTES, "network", id="auto-no-rank-asked-zero-copy"),
+        pytest.param("auto", True, AUTO_SHM_MIN_BYTES - 1, "network", id="auto-small"),
+        pytest.param("auto", False, 0, "network", id="auto-empty"),
+        pytest.param("auto", True, AUTO_SHM_MIN_BYTES, None, id="auto-needs-the-hosts"),
+        pytest.param("shm", False, 1 << 20, None, id="shm-always-agrees"),
+        pytest.param("file", False, 1 << 20, None, id="file-always-agrees"),
+    ],
+)
+def test_the_header_alone_settles_auto_when_no_rank_asked_for_zero_copy(
+    via: str, zero_copy: bool, total: int, kind: str | None
+) -> None:
+    """Settled from header facts only (the same on every rank), so no agreement collective runs."""
+    route = settled(via, zero_copy=zero_copy, total=total)
+    assert (route.kind if route is not None else None) == kind
+    if route is not None and total:
+        assert "zero_copy" in route.note
 
 
 def test_hosts_put_src_first_and_lead_its_host() -> None:

@@ -2,10 +2,13 @@
 
 ``via`` travels in the header's flags word (bits 8-11), so the header verdict already holds every rank's
 choice; a difference is one more :class:`~distinit.errors.BroadcastMismatchError`, raised on every rank
-before any payload moves. A call that does not take the network path then runs one small all_gather
-(:func:`agree`): each rank's host key (``boot_id`` plus the device of ``/dev/shm``, never
-``LOCAL_WORLD_SIZE``), the free space of its ``/dev/shm`` and a random token. Every rank decides the same
-:class:`Route` from that table (:func:`decide` is pure).
+before any payload moves. The same word carries whether a rank asked for ``zero_copy``, so ``via="auto"``
+settles on the network from the verified header alone (:func:`settled`: no rank asked, or the payload is
+under :data:`AUTO_SHM_MIN_BYTES`), with no collective of its own. Any other call that does not take the
+network path then runs one small all_gather (:func:`agree`): each rank's host key (``boot_id`` plus the
+device of ``/dev/shm``, never ``LOCAL_WORLD_SIZE``), the free space of its ``/dev/shm`` and a random token.
+Every rank decides the same :class:`Route` from that table (:func:`decide` is pure), and :func:`move`
+takes it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ logger = logging.getLogger("distinit.broadcast")
 VIAS = {"network": 0, "auto": 1, "shm": 2, "file": 3}
 """``via=`` values and their codes in the header's flags word (0: the default, so old rows read as network)."""
 VIA_SHIFT = 8
-"""The flags word's bits 8-11 carry the code; bit 0 is ``FLAG_FLAT``."""
+"""The flags word's bits 8-11 carry the code; bit 0 is ``FLAG_FLAT``, bit 1 ``FLAG_ZERO_COPY``."""
 AUTO_SHM_MIN_BYTES = 16 << 20
 AUTO_SHM_MIN_RANKS = 4
 """``via="auto"`` takes shared memory where it measured faster than the network on the 2-vCPU test machine
@@ -44,7 +47,7 @@ tmpfs pages against one loopback copy), so ``auto`` leaves them on the network."
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 PID_NS = "/proc/self/ns/pid"
 
-ROW_WORDS = 6  # host key (2 words), free /dev/shm bytes, token (2 words), zero_copy asked
+ROW_WORDS = 5  # host key (2 words), free /dev/shm bytes, token (2 words)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +61,8 @@ class Via:
 
     @property
     def flags(self) -> int:
-        """The header flag bits announcing this choice."""
-        return VIAS[self.name] << VIA_SHIFT
+        """The header flag bits announcing this choice (and whether this rank asked for ``zero_copy``)."""
+        return VIAS[self.name] << VIA_SHIFT | (_header.FLAG_ZERO_COPY if self.zero_copy else 0)
 
 
 NETWORK = Via("network")
@@ -173,11 +176,35 @@ def group_hosts(keys: Sequence[tuple[int, int]], src: int) -> tuple[tuple[int, .
     return tuple(tuple(h) for h in sorted(hosts, key=lambda h: (h[0] != src, min(h))))
 
 
-def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int) -> Route:
+def settled(via: str, *, zero_copy: bool, total: int) -> Route | None:
+    """The route when the verified header alone decides it, else None (the ranks must agree on hosts).
+
+    ``via="auto"`` stays on the network unless some rank asked for ``zero_copy`` (``zero_copy``: the header
+    verdict's answer, the same on every rank) and the payload is at least :data:`AUTO_SHM_MIN_BYTES`; ``total``
+    follows from the verified call, so every rank settles alike, without a collective.
+    """
+    if via != "auto":
+        return None
+    if total == 0:
+        return Route("network", (), "", "nothing to move")
+    if zero_copy and total >= AUTO_SHM_MIN_BYTES:
+        return None
+    return Route("network", (), "", _auto_note(total))
+
+
+def _auto_note(total: int, per_host: int | None = None) -> str:
+    hosts = f", hosts of {per_host} ranks at most" if per_host is not None else ""
+    return (
+        f"via='auto' keeps the network unless a rank asks for zero_copy, a host holds >= {AUTO_SHM_MIN_RANKS} "
+        f"ranks and the payload is >= {AUTO_SHM_MIN_BYTES} bytes ({total} bytes{hosts})"
+    )
+
+
+def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int, zero_copy: bool) -> Route:
     """The route every rank takes, from every rank's agreement row (pure: the same on every rank).
 
-    ``rows[r]``: rank r's host key (2 words), its free /dev/shm bytes, its token (2 words; src's is used)
-    and whether it asked for ``zero_copy`` (1/0).
+    ``rows[r]``: rank r's host key (2 words), its free /dev/shm bytes and its token (2 words; src's is used).
+    ``zero_copy``: whether some rank asked for ``zero_copy`` (from the header verdict).
     """
     hosts = group_hosts([(int(row[0]), int(row[1])) for row in rows], src)
     token = f"{int(rows[src][3]) & (2**63 - 1):016x}{int(rows[src][4]) & (2**63 - 1):016x}"
@@ -189,12 +216,8 @@ def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int) -> 
         note = "nothing to move"
     elif not shared:
         note = f"no two of the {len(rows)} ranks share a host (boot_id and /dev/shm device differ)"
-    elif via == "auto" and not _auto_pays(rows, shared, total):
-        note = (
-            f"via='auto' keeps the network unless a rank asks for zero_copy, a host holds >= {AUTO_SHM_MIN_RANKS} "
-            f"ranks and the payload is >= {AUTO_SHM_MIN_BYTES} bytes ({total} bytes, hosts of "
-            f"{max(len(h) for h in shared)} ranks at most)"
-        )
+    elif via == "auto" and not _auto_pays(zero_copy, shared, total):
+        note = _auto_note(total, max(len(h) for h in shared))
     else:
         short = [h[0] for h in shared if int(rows[h[0]][2]) < total + ALIGN]
         if short:
@@ -203,29 +226,23 @@ def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int) -> 
     return Route("network" if note else "shm", hosts, token, note)
 
 
-def _auto_pays(rows: Sequence[Sequence[int]], shared: Sequence[tuple[int, ...]], total: int) -> bool:
+def _auto_pays(zero_copy: bool, shared: Sequence[tuple[int, ...]], total: int) -> bool:
     """Whether shared memory measured faster than the network for such a call (see :data:`AUTO_SHM_MIN_RANKS`)."""
-    wants_views = any(len(row) > 5 and int(row[5]) for row in rows)
-    return wants_views and total >= AUTO_SHM_MIN_BYTES and max(len(h) for h in shared) >= AUTO_SHM_MIN_RANKS
+    return zero_copy and total >= AUTO_SHM_MIN_BYTES and max(len(h) for h in shared) >= AUTO_SHM_MIN_RANKS
 
 
-def agree(ctx: CallContext, via: Via, total: int) -> Route:
-    """One small all_gather of host keys, free space and tokens; returns the route (logged on fallback).
+def agree(ctx: CallContext, via: Via, views: Sequence[_header.View], spec: Spec) -> Route:
+    """The route of a verified call with ``via`` other than "network" (logged; a warning on shm's fallback).
+
+    Settled from the header ``views`` when they suffice (:func:`settled`), else one small all_gather of host
+    keys, free space and tokens decides it (:func:`decide`).
 
     Raises:
         BroadcastTimeoutError: the exchange timed out or lost a peer.
     """
-    hi, lo = host_key()
-    words = [hi, lo, shm_free(), secrets.randbits(63), secrets.randbits(63), int(via.zero_copy)]
-    row = torch.tensor(words, dtype=torch.int64)
-    try:
-        blobs = _header.exchange_blobs(
-            row.view(torch.uint8), width=ROW_WORDS * 8, group_size=ctx.size, group=ctx.group,
-            device=ctx.comm_device, wait_for=ctx.wait_for,
-        )  # fmt: skip
-    except _header.CollectiveFailed as exc:
-        raise timeout_error(ctx, "transport agreement", exc) from exc
-    route = decide(via.name, [b.view(torch.int64).tolist() for b in blobs], src=ctx.src, total=total)
+    total = slots(spec)[1]
+    zero_copy = any(view.flags & _header.FLAG_ZERO_COPY for view in views)
+    route = settled(via.name, zero_copy=zero_copy, total=total) or _gathered(ctx, via, total, zero_copy)
     logger.debug(
         "rank %d: %s call #%d moves %d bytes by %s (%d hosts)%s",
         ctx.rank, ctx.call, ctx.seq, total, route.kind, len(route.hosts), f": {route.note}" if route.note else "",
@@ -242,23 +259,36 @@ def agree(ctx: CallContext, via: Via, total: int) -> Route:
     return route
 
 
+def _gathered(ctx: CallContext, via: Via, total: int, zero_copy: bool) -> Route:
+    """The route :func:`decide` makes of every rank's host key, free space and token (one all_gather)."""
+    hi, lo = host_key()
+    row = torch.tensor([hi, lo, shm_free(), secrets.randbits(63), secrets.randbits(63)], dtype=torch.int64)
+    try:
+        blobs = _header.exchange_blobs(
+            row.view(torch.uint8), width=ROW_WORDS * 8, group_size=ctx.size, group=ctx.group,
+            device=ctx.comm_device, wait_for=ctx.wait_for,
+        )  # fmt: skip
+    except _header.CollectiveFailed as exc:
+        raise timeout_error(ctx, "transport agreement", exc) from exc
+    rows = [b.view(torch.int64).tolist() for b in blobs]
+    return decide(via.name, rows, src=ctx.src, total=total, zero_copy=zero_copy)
+
+
 def move(
     ctx: CallContext,
+    route: Route,
     via: Via,
     spec: Spec,
     names: list[str],
     sources: list[torch.Tensor] | None,
     outs: list[torch.Tensor | None],
-) -> list[torch.Tensor] | None:
-    """This rank's tensors, moved through shared memory or a file; ``None`` when the route is the network.
+) -> list[torch.Tensor]:
+    """This rank's tensors, moved through shared memory or a file by ``route`` (:func:`agree`; not the network).
 
-    Runs on every rank of a call whose verdict passed and whose ranks all passed ``via`` (not "network").
-    ``spec`` is the call's (dtype, shape) list, the same on every rank; ``sources`` src's tensors;
-    ``outs`` a receiver's buffers (``None`` entries: allocate, or view shared pages with ``zero_copy``).
+    Runs on every rank of a call whose verdict passed. ``spec`` is the call's (dtype, shape) list, the same
+    on every rank; ``sources`` src's tensors; ``outs`` a receiver's buffers (``None`` entries: allocate, or
+    view shared pages with ``zero_copy``).
     """
-    route = agree(ctx, via, slots(spec)[1])
     if route.kind == "shm":
         return shm.transfer(ctx, route, spec, sources, outs, via.zero_copy)
-    if route.kind == "file":
-        return file.transfer(ctx, route, via, spec, names, sources, outs)
-    return None
+    return file.transfer(ctx, route, via, spec, names, sources, outs)

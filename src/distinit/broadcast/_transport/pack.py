@@ -77,23 +77,36 @@ def is_lazy(tensor: torch.Tensor) -> bool:
     return tensor.is_conj() or tensor.is_neg()
 
 
-def receive_view(out: torch.Tensor, comm_device: torch.device) -> tuple[torch.Tensor, bool]:
-    """The uint8 tensor to receive into for ``out``, and whether it must be copied back afterwards."""
+def receive_view(ctx: CallContext, out: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The uint8 tensor to receive into for ``out``, and whether it must be copied back afterwards.
+
+    ``out`` itself when the collective device can write it in place; else a staging buffer there (pinned host
+    memory for a CUDA ``out`` on gloo), from :func:`allocate`.
+    """
+    comm_device = ctx.comm_device
     if out.device == comm_device and out.is_contiguous() and not is_lazy(out):
         return as_bytes(out), False
     nbytes = out.numel() * out.element_size()
-    if comm_device.type == "cpu":
-        return host_buffer(nbytes, pinned=out.is_cuda), True
-    return torch.empty(nbytes, dtype=torch.uint8, device=comm_device), True
+    return allocate(ctx, (nbytes,), dtype=torch.uint8, device=comm_device, pinned=out.is_cuda), True
 
 
-def allocate(ctx: CallContext, shape: Sequence[int], *, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """``torch.empty`` for what src announced (within the header bounds), failing as a broadcast error.
+def allocate(
+    ctx: CallContext, shape: Sequence[int], *, dtype: torch.dtype, device: torch.device | str, pinned: bool = False
+) -> torch.Tensor:
+    """The one allocator of receive buffers: ``torch.empty`` for what src announced, failing as a broadcast error.
+
+    Every receive buffer of every call goes through here (a tensor or state dict a receiver did not pass,
+    staging for a buffer the collective cannot write in place, an object's or metadata's bytes off a device,
+    a transport's unpacked tensors), on CPU or CUDA, at most once per tensor of a call: the route is known
+    before anything is allocated. ``pinned``: page-locked host memory for one end of a CUDA copy (when CUDA
+    is there; see :func:`host_buffer`). Sizes are within the verified header's bounds.
 
     Raises:
         BroadcastMismatchError: ``field="size"``, on this rank only: the memory is not there.
     """
     try:
+        if pinned and torch.cuda.is_available() and torch.device(device).type == "cpu":
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
         return torch.empty(shape, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as exc:  # torch reports an allocation failure as a RuntimeError
         nbytes = math.prod(shape) * dtype.itemsize
