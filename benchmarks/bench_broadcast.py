@@ -19,10 +19,13 @@ repetitions of the slowest rank):
   ``zero_copy`` (each with and without the leader's comparison of its sealed segment: the cost of
   verifying) vs ``"file"`` (a directory on local disk) vs raw ``broadcast``, as GB/s beside the memcpy
   ceiling of the same run; and every receiver's RSS/PSS/anonymous growth (``/proc/self/smaps_rollup``)
-  for a zero-copy and a private-copy receive.
+  for a zero-copy and a private-copy receive;
+- repeated shared-memory calls (``--parts repeat``, issue 27): the same 256 MiB state dict layout again
+  and again (receivers update their tensors in place, as a weight sync does): ``via="network"`` vs
+  ``"shm"`` from the segment pool vs ``"shm"`` with the pool off (a fresh sealed segment every call).
 
 Prints a table and writes ``benchmarks/results/broadcast.md`` and ``broadcast.json`` (all parts), or
-``broadcast_via.md``/``.json`` when only ``--parts via`` ran.
+``broadcast_via.md``/``.json`` when only ``--parts via`` ran (``broadcast_shm_repeat`` for ``--parts repeat``).
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ import torch
 import torch.distributed as dist
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("module", "small", "sweep", "via")
-PART_OF = {"A": "module", "B": "module", "small": "small", "sweep": "sweep", "via": "via"}
+PARTS = ("module", "small", "sweep", "via", "repeat")
+PART_OF = {"A": "module", "B": "module", "small": "small", "sweep": "sweep", "via": "via", "repeat": "repeat"}
 MIB = 1 << 20
 FLAT_AGAIN = "one pre-allocated flat broadcast (rounds of the flattened model)"
 FLATTENED = "distinit broadcast_module, model flattened (flatten_module_)"
@@ -416,6 +419,85 @@ def _via_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
     return out
 
 
+REPEAT_TENSORS = 16
+"""The repeated-shm state dict: 16 float32 tensors of 16 MiB (256 MiB), the same layout every call."""
+REPEAT_ROWS = {
+    "network": 'via="network"',
+    "pooled": 'via="shm", repeated (the segment pool)',
+    "fresh": 'via="shm", pool off (a fresh sealed segment every call)',
+}
+
+
+def _repeat_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
+    """Seconds per repeated 256 MiB ``broadcast_state_dict`` of one layout: network, pooled shm, shm without pool.
+
+    Receivers pass their own state dict (updated in place). The pool-off case runs on a second group over
+    the same ranks with ``DISTINIT_SHM_POOL_BYTES=0``: the pool is per group, so the pooled case's segment
+    stays pooled between the interleaved rounds.
+    """
+    from distinit.broadcast import broadcast_state_dict
+    from distinit.broadcast._transport import shm
+
+    state = {f"layer{i}.weight": torch.randn(VIA_BYTES // REPEAT_TENSORS // 4) for i in range(REPEAT_TENSORS)}
+    if rank:
+        for tensor in state.values():
+            tensor.zero_()  # resident before timing: no page faults inside the timed calls
+    other = dist.new_group(list(range(dist.get_world_size())), backend="gloo")
+
+    def pool_off() -> Any:
+        os.environ[shm.POOL_ENV] = "0"
+        try:
+            return broadcast_state_dict(state, via="shm", group=other)
+        finally:
+            del os.environ[shm.POOL_ENV]
+
+    out = compare(
+        {
+            REPEAT_ROWS["network"]: lambda: broadcast_state_dict(state, via="network"),
+            REPEAT_ROWS["pooled"]: lambda: broadcast_state_dict(state, via="shm"),
+            REPEAT_ROWS["fresh"]: pool_off,
+        },
+        reps,
+        warmup=1,
+    )
+    out["pooled bytes"] = {"min": float(shm.pool_bytes()), "median": float(shm.pool_bytes())}
+    dist.destroy_process_group(other)
+    for nbytes in THRESHOLD_BYTES:  # where repeated shm starts to beat the network (via="auto"'s threshold)
+        small = {f"t{i}": torch.randn(nbytes // 16) if rank == 0 else torch.zeros(nbytes // 16) for i in range(4)}
+        sweep = compare(
+            {
+                "network": functools.partial(broadcast_state_dict, small, via="network"),
+                "shm repeated": functools.partial(broadcast_state_dict, small, via="shm"),
+            },
+            max(reps, 7),
+            warmup=1,
+        )
+        for label, value in sweep.items():
+            out[f"threshold {nbytes // MIB} MiB: {label}"] = value
+    return out
+
+
+def _render_repeat(world: str, rows: dict[str, dict[str, float]]) -> list[str]:
+    """Repeated shm calls vs the network: >= 2x at world 4, >= 1x at world 2 (issue 27)."""
+    lines = [f"### shm repeated: a {VIA_BYTES // MIB} MiB state dict ({REPEAT_TENSORS} tensors), same layout every "
+             "call, receivers update theirs in place\n"]  # fmt: skip
+    lines += ["| method | min | median | network / method (min) |", "|---|---:|---:|---:|"]
+    network = rows[REPEAT_ROWS["network"]]["min"]
+    for label in REPEAT_ROWS.values():
+        v = rows[label]
+        lines.append(f"| {label} | {_ms(v['min'])} | {_ms(v['median'])} | {network / v['min']:.2f}x |")
+    lines += ["", "| payload | network (min) | shm repeated (min) | network / shm |", "|---:|---:|---:|---:|"]
+    for nbytes in THRESHOLD_BYTES:
+        net, pooled = (rows[f"threshold {nbytes // MIB} MiB: {kind}"]["min"] for kind in ("network", "shm repeated"))
+        lines.append(f"| {nbytes // MIB} MiB | {_ms(net)} | {_ms(pooled)} | {net / pooled:.2f}x |")
+    ratio = network / rows[REPEAT_ROWS["pooled"]]["min"]
+    target = 2.0 if int(world.split()[-1]) >= 4 else 1.0
+    lines.append(f"\nshm repeated / network effective bandwidth: {ratio:.2f}x (target >= {target:g}x: "
+                 f"{'met' if ratio >= target else 'MISSED'}); leader's pool {rows['pooled bytes']['min'] / MIB:.0f} "
+                 "MiB\n")  # fmt: skip
+    return lines
+
+
 #: Payload sizes of the sweep, in bytes (float32 tensors).
 SWEEP_BYTES = (1 << 10, 16 << 10, 256 << 10, 4 * MIB, 64 * MIB, 256 * MIB)
 
@@ -503,6 +585,8 @@ def _worker(rank: int, world: int, store: str, mode: str, reps: int, sweep: bool
             result = _sweep_cases(rank, reps)  # type: ignore[assignment]  # size -> case -> min/median
         elif mode == "via":
             result = _via_cases(rank, reps)
+        elif mode == "repeat":
+            result = _repeat_cases(rank, reps)
         else:
             result = _small_cases(rank, reps)
         if rank == 0:
@@ -538,7 +622,8 @@ def main() -> None:
     for world in args.worlds:
         key = f"world {world}"
         results[key] = {}
-        plan = (("A", reps_big), ("B", reps_b), ("small", reps_small), ("sweep", reps_small), ("via", reps_via))
+        plan = (("A", reps_big), ("B", reps_b), ("small", reps_small), ("sweep", reps_small), ("via", reps_via),
+                ("repeat", reps_small // 4))  # fmt: skip
         for mode, reps in plan:
             if PART_OF[mode] not in args.parts:
                 continue
@@ -549,6 +634,7 @@ def main() -> None:
     print(report)
     RESULTS.mkdir(exist_ok=True)
     name = "broadcast" if set(args.parts) == set(PARTS) else "broadcast_via" if args.parts == ["via"] else None
+    name = "broadcast_shm_repeat" if args.parts == ["repeat"] else name
     if name is None:
         print("bench_broadcast: a partial run; nothing written to benchmarks/results", file=sys.stderr)
         return
@@ -587,6 +673,8 @@ def render(results: dict[str, dict[str, dict[str, dict[str, float]]]], roof: dic
             lines.extend(_render_small(world, modes["small"]))
         if "via" in modes:
             lines.extend(_render_via(modes["via"], roof))
+        if "repeat" in modes:
+            lines.extend(_render_repeat(world, modes["repeat"]))
     return "\n".join(lines)
 
 

@@ -318,6 +318,34 @@ def broadcast_small(data: dict[str, Any]) -> Section:
     return "Small broadcasts", lines
 
 
+REPEAT_ROWS = (
+    ('via="network"', 'via="network"', THEIRS),
+    ('via="shm", repeated (the segment pool)', 'via="shm", repeated (the segment pool)', OURS),
+    ('via="shm", pool off (fresh segment each call)', 'via="shm", pool off (a fresh sealed segment every call)', FLOOR),
+)
+
+
+def broadcast_shm_repeat(data: dict[str, Any]) -> Section:
+    """Issue 27: repeated 256 MiB shm calls of one layout against the network (>= 2x at world 4, >= 1x at 2)."""
+    worlds = list(data["results"])
+    fig, axes = plt.subplots(1, len(worlds), figsize=(8, 1.9), squeeze=False)
+    lines = ["| world | shm repeated / network (min) | median | target | |", "|---|---:|---:|---:|---|"]
+    for ax, world in zip(axes[0], worlds, strict=True):
+        rows = data["results"][world]["repeat"]
+        case_bars(ax, rows, REPEAT_ROWS)
+        ax.set_title(world)
+        ax.set_xlabel("ms per 256 MiB state dict")
+        if ax is not axes[0][0]:
+            ax.set_yticklabels([])
+        net, pooled = rows[REPEAT_ROWS[0][1]], rows[REPEAT_ROWS[1][1]]
+        target = 2.0 if int(world.split()[-1]) >= 4 else 1.0
+        ratio = net["min"] / pooled["min"]
+        lines.append(f"| {world} | {ratio:.2f}x | {net['median'] / pooled['median']:.2f}x | >= {target:g}x | "
+                     f"{'met' if ratio >= target else 'MISSED'} |")  # fmt: skip
+    fig.suptitle("Repeated via='shm' calls of one layout vs the network (gloo, lower is better)", fontsize=9)
+    return "Repeated shared-memory broadcasts (issue 27)", [save(fig, "broadcast_shm_repeat"), "", *lines]
+
+
 # ---------------------------------------------------------------------------------------------- init
 def init_verdicts(data: dict[str, Any]) -> Section:
     rows: list[tuple[str, float, float, bool, str, str]] = []
@@ -866,6 +894,7 @@ def sections() -> list[str]:
                 ("small", lambda: broadcast_small(d)),
             ],
         ),
+        ("broadcast_shm_repeat", "Broadcast", lambda d: [("shm repeated", lambda: broadcast_shm_repeat(d))]),
         (
             "init",
             "Init",
