@@ -622,9 +622,9 @@ def _write(
     if pool is not None and cap is not None:
         try:
             pooled = _grow(ctx, pool, total, cap)
-        except OSError as exc:
-            logger.debug("rank %d: cannot create its pooled segment of %d bytes: %s", ctx.rank, total, exc)
-            return CREATE_FAILED + (exc.errno or 0), None, None, received
+        except OSError as exc:  # no memory for it, or a kernel without F_SEAL_FUTURE_WRITE (before 5.1)
+            logger.debug("rank %d: cannot pool a segment of %d bytes (%s): a sealed-once one", ctx.rank, total, exc)
+            pooled = None
         if pooled is not None:
             for offset, data in written:
                 pooled.write(offset, data)
