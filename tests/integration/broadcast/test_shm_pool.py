@@ -14,6 +14,7 @@ import gc
 import json
 import mmap
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def _pool_fds() -> list[str]:
 
 
 def _identity(group: Any) -> list[int]:
-    """The pooled segment this rank writes (leader: st_dev, st_ino) or reads from rank 0 (its cached key)."""
+    """The pooled segment this rank writes (leader: st_dev, st_ino) or reads from its leader (its cached key)."""
     from distinit.broadcast._transport import shm
 
     pool = shm._POOLS.get(group)
@@ -73,7 +74,7 @@ def _identity(group: Any) -> list[int]:
     if pool.mine is not None:
         st = os.fstat(pool.mine.fd)
         return [st.st_dev, st.st_ino, pool.mine.size]
-    mapped = pool.read.get(0)
+    mapped = next(iter(pool.read.values()), None)  # one leader per reader here
     return [*mapped.key, mapped.size] if mapped is not None else []
 
 
@@ -164,6 +165,20 @@ def _attacked(rank: int) -> dict[str, Any]:
     return {"equal": all(results)}
 
 
+def _hosts(rank: int) -> dict[str, Any]:
+    """Two hosts (ranks 0, 1 here; 2, 3 in a fake host): src's host and the other leader each pool a segment."""
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_state_dict
+
+    mine, equal, ids = _state(50 + rank), [], []
+    for call in range(3):
+        broadcast_state_dict(_state(call) if rank == 0 else mine, via="shm", timeout=TIMEOUT)
+        equal.append(rank == 0 or _same(mine, _state(call)))
+        ids.append(tuple(_identity(dist.group.WORLD)))
+    return {"equal": all(equal), "pooled": bool(ids[0]) and len(set(ids)) == 1}
+
+
 def _killed(rank: int) -> dict[str, Any]:
     """A pooled call, then wait to be SIGKILLed by the test (bounded)."""
     from distinit.broadcast import broadcast_state_dict
@@ -186,7 +201,7 @@ def _rank_main(scenario: str) -> None:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=90))
     rank = dist.get_rank()
-    result = {"reuse": _reuse, "attacked": _attacked, "killed": _killed}[scenario](rank)
+    result = {"reuse": _reuse, "attacked": _attacked, "killed": _killed, "hosts": _hosts}[scenario](rank)
     os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())
     if scenario == "attacked":  # leave the world's pool to the exit pass (checked through exit_file)
         dist.barrier()
@@ -292,12 +307,12 @@ def _window_main() -> None:
 
 
 # -------------------------------------------------------------------------------------------------- the tests
-def _job(tmp_path: Path, scenario: str, world: int) -> Any:
+def _job(tmp_path: Path, scenario: str, world: int, hosts: Any = None) -> Any:
     from via_launch import Job
 
     meet = tmp_path / "meet"
     meet.mkdir(exist_ok=True)
-    return Job(tmp_path, scenario, [(range(world), None)], env={"POOL_MEET": str(meet)},
+    return Job(tmp_path, scenario, hosts or [(range(world), None)], env={"POOL_MEET": str(meet)},
                command=[sys.executable, __file__, scenario])  # fmt: skip
 
 
@@ -311,6 +326,14 @@ def test_repeated_calls_reuse_one_segment_and_release_it(tmp_path: Path) -> None
     meet = tmp_path / "meet"
     for rank in range(3):  # after the world's destruction no pooled descriptor or mapping is left in any rank
         assert json.loads((meet / f"destroyed-{rank}.json").read_text()) == {"maps": [], "fds": []}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare (fake host)")
+def test_each_hosts_leader_pools_its_own_segment_across_hosts(tmp_path: Path) -> None:
+    """Ranks 2, 3 in a fake host (a private /dev/shm): src sends to rank 2 by the network, each host pools."""
+    results = _job(tmp_path, "hosts", 4, hosts=[((0, 1), None), ((2, 3), "64m")]).results(timeout=120)
+    assert all(r.get("equal") is True and r.get("pooled") is True for r in results), results
 
 
 @pytest.mark.timeout(180)
