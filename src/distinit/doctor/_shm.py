@@ -1,4 +1,4 @@
-"""The ``shm`` check: /dev/shm size and free space, and segments left behind by processes that are gone.
+"""The ``shm`` check: /dev/shm size and free space, segments left behind by processes that are gone, broadcast pools.
 
 distinit's own broadcast entries (``distinit-bc-*``, and the file transport's ``.distinit-bc-*.tmp``) carry
 their creator's pid and start time (``-p<pid>s<start>``, see ``distinit.broadcast._transport.creator``; the doctor reads
@@ -26,6 +26,7 @@ _PREFIXES = ("nccl-", "torch_", "distinit-watchdog-", _BROADCAST, "." + _BROADCA
 #: The creator tag of a distinit broadcast name: ``-p<pid>s<start time in clock ticks since boot>``.
 _CREATOR = re.compile(r"-p(\d+)s(\d+)(?:[-.]|$)")
 _TORCH_PID = re.compile(r"^torch_(\d+)_")
+_POOL = "/memfd:" + _BROADCAST + "pool-"
 _MiB = 1024 * 1024
 
 
@@ -68,6 +69,33 @@ def stale_files(shm: str = SHM) -> list[str]:
         if path not in used:
             stale.append(name)
     return stale
+
+
+def pooled_segments() -> dict[int, int]:
+    """Bytes of distinit's broadcast pool segments (issue 27) held by this user's processes, by creator pid.
+
+    A pooled segment is a nameless memory file, never in /dev/shm: it shows only as a
+    ``/memfd:distinit-bc-pool-p<pid>s<start>`` descriptor of the process that writes it and of each reader
+    that keeps it mapped; each segment (device, inode) is counted once, under the pid in its name. Nothing
+    to remove: it goes with its last holder.
+    """
+    seen: dict[tuple[int, int], tuple[int, int]] = {}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                made_by = _CREATOR.search(target.removesuffix(" (deleted)")) if target.startswith(_POOL) else None
+                if made_by:
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                    seen[(st.st_dev, st.st_ino)] = (int(made_by.group(1)), st.st_size)
+        except OSError:  # the process or descriptor went away, or is not ours to read
+            continue
+    held: dict[int, int] = {}
+    for creator, size in seen.values():
+        held[creator] = held.get(creator, 0) + size
+    return held
 
 
 def _creator(name: str) -> tuple[int, int] | None:
@@ -122,9 +150,12 @@ def check_shm(*, local_world_size: int, shm: str = SHM) -> Check:
     stale = stale_files(shm)
     removed = remove_orphans(shm, stale)
     stale = [name for name in stale if name not in removed]
+    pooled = pooled_segments()
     evidence = {"path": shm, "size_bytes": size, "free_bytes": free, "need_bytes": need, "stale": stale[:50],
-                "removed": removed[:50]}  # fmt: skip
+                "removed": removed[:50], "pooled": {str(pid): n for pid, n in pooled.items()}}  # fmt: skip
     text = f"{shm}: {size / _MiB:.0f} MiB, {free / _MiB:.0f} MiB free for {local_world_size} local ranks"
+    if pooled:  # memory outside /dev/shm, held on purpose (DISTINIT_SHM_POOL_BYTES caps it per process)
+        text += f"; broadcast pools hold {sum(pooled.values()) / _MiB:.0f} MiB (pids {', '.join(map(str, pooled))})"
     if removed:
         text += f"; removed {len(removed)} distinit broadcast segment(s) of processes that are gone"
     if free < need:

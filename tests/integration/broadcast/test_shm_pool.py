@@ -94,6 +94,7 @@ def _reuse(rank: int) -> dict[str, Any]:
 
     from distinit.broadcast import broadcast_state_dict, broadcast_tensor
     from distinit.broadcast._transport import shm
+    from distinit.doctor._shm import check_shm
 
     world = dist.group.WORLD
     checks: dict[str, bool] = {}
@@ -107,6 +108,9 @@ def _reuse(rank: int) -> dict[str, Any]:
     checks["every call's content on every rank"] = all(equal)
     checks["one segment for calls of the same layout"] = len({tuple(i) for i in ids}) == 1 and bool(ids[0])
     facts["pooled after repeats"] = shm.pool_bytes()
+    leader = os.getpid() if rank == 0 else ids[0][0]  # a reader's key starts with its leader's pid
+    seen = check_shm(local_world_size=3).evidence["pooled"]  # what `distinit doctor` reports
+    checks["the doctor's shm check reports the pool"] = seen.get(str(leader)) == ids[0][-1]
 
     views = broadcast_state_dict(_state(7) if rank == 0 else None, via="shm", zero_copy=True, timeout=TIMEOUT)
     broadcast_state_dict(_state(8) if rank == 0 else mine, via="shm", timeout=TIMEOUT)  # rewrites the pool
