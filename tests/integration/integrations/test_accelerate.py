@@ -50,11 +50,11 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Cluster]
     """The emulated Slurm cluster of the launcher tests, for this module's srun launches."""
     launch_support.require(["slurm"])
     workdir = tmp_path_factory.mktemp("accelerate-slurm")
-    started = cluster.start(workdir)
+    started = launch_support.start_cluster(workdir)
     try:
         yield started
     finally:
-        cluster.stop(workdir)
+        launch_support.stop_cluster(workdir)
 
 
 def launch(

@@ -1,9 +1,10 @@
 """Fixtures for the real-launcher tests: an emulated Slurm cluster and a launch helper.
 
 The cluster (munged if none answers, slurmctld, three ``slurmd -N dnodeN``; see
-``scripts/launchers/cluster.py``) starts once per session, on demand, and is stopped by pid at
-the end. Missing launchers or missing root skip with a reason; with ``CI=true`` they fail, so CI
-cannot go green without really running them.
+``scripts/launchers/cluster.py``) starts once per session (under pytest-xdist: once per worker, with ports
+of its own; ``launch_support.start_cluster``), on demand, and is stopped by pid at the end. Missing
+launchers or missing root skip with a reason; with ``CI=true`` they fail, so CI cannot go green without
+really running them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from launch_support import Launcher, cluster, require, shapes
+from launch_support import Launcher, cluster, require, shapes, start_cluster, stop_cluster
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +23,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.
     require(["slurm"])
     workdir = tmp_path_factory.mktemp("slurm-cluster")
     try:
-        started = cluster.start(workdir)
+        started = start_cluster(workdir)
     except (OSError, RuntimeError) as exc:
         logs = "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(workdir.rglob("*.log"))
@@ -31,7 +32,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.
     try:
         yield started
     finally:
-        cluster.stop(workdir)
+        stop_cluster(workdir)
 
 
 @pytest.fixture

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -13,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "scripts" / "launchers"))
 
-import cluster  # noqa: E402, F401 - re-exported for conftest
+import cluster  # noqa: E402 - re-exported for conftest
 import shapes  # noqa: E402
 
 BINARIES = {
@@ -64,3 +69,50 @@ def require(needs: Sequence[str]) -> None:
 
 
 Launcher = Callable[..., shapes.Result]
+
+
+#: Held while a Slurm cluster starts or stops: pytest-xdist workers each start their own cluster, and
+#: starting one picks free ports, may start munged and may append node names to /etc/hosts.
+CLUSTER_LOCK = Path(tempfile.gettempdir()) / "distinit-test-slurm-cluster.lock"
+#: A munged that a stopped cluster left running because another cluster still used it: the cluster
+#: stopped last stops it (by pid, after checking its command line).
+MUNGED_LEFT = CLUSTER_LOCK.with_suffix(".munged.json")
+#: The first job id of the next cluster: clusters side by side number their jobs apart, because distinit
+#: derives MASTER_PORT from SLURM_JOB_ID and every cluster lives on this one host.
+NEXT_JOB_ID = CLUSTER_LOCK.with_suffix(".next-job-id")
+JOB_IDS_PER_CLUSTER = 10_000
+
+
+@contextlib.contextmanager
+def _cluster_lock() -> Iterator[None]:
+    with CLUSTER_LOCK.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        yield
+
+
+def start_cluster(workdir: Path, nodes: int = 3) -> cluster.Cluster:
+    """Start an emulated Slurm cluster in WORKDIR, one start or stop on the machine at a time."""
+    with _cluster_lock():
+        try:
+            first = int(NEXT_JOB_ID.read_text())
+        except (OSError, ValueError):
+            first = 1
+        first = first if 0 < first < 60_000_000 else 1  # Slurm's MaxJobId is 67,043,328
+        NEXT_JOB_ID.write_text(str(first + JOB_IDS_PER_CLUSTER))
+        return cluster.start(workdir, nodes=nodes, first_job_id=first)
+
+
+def stop_cluster(workdir: Path) -> None:
+    """Stop WORKDIR's cluster; stop a munged our clusters started once no Slurm daemon needs it any more."""
+    with _cluster_lock():
+        try:
+            ours = [p for p in cluster.load(workdir.resolve()).procs if p.name == "munged"]
+        except FileNotFoundError:
+            ours = []
+        cluster.stop(workdir)
+        for proc in ours:
+            if cluster._alive(proc):  # left running for another cluster: the last one stops it
+                MUNGED_LEFT.write_text(json.dumps(asdict(proc)))
+        if MUNGED_LEFT.exists() and not cluster._others_use_munge(set()):
+            cluster._stop_pid(cluster.Proc(**json.loads(MUNGED_LEFT.read_text())))
+            MUNGED_LEFT.unlink()

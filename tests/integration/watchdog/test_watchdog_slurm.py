@@ -47,27 +47,27 @@ wait $DAEMONS
 """
 
 
-def _cluster_module() -> Any:
-    sys.path.insert(0, str(REPO / "scripts" / "launchers"))
-    import cluster
+def _launch_support() -> Any:
+    sys.path.insert(0, str(REPO / "tests" / "integration" / "launchers"))
+    import launch_support
 
-    return cluster
+    return launch_support
 
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if os.geteuid() != 0 or any(shutil.which(b) is None for b in ("srun", "sbatch")):
         pytest.skip("needs root and Slurm (scripts/install-system-deps.sh) for the emulated cluster")
-    cluster = _cluster_module()
+    support = _launch_support()
     workdir = tmp_path_factory.mktemp("wd-slurm")
     try:
-        started = cluster.start(workdir, nodes=2)
+        started = support.start_cluster(workdir, nodes=2)
     except (OSError, RuntimeError) as exc:
         pytest.fail(f"could not start the emulated Slurm cluster: {exc}", pytrace=False)
     try:
         yield started
     finally:
-        cluster.stop(workdir)
+        support.stop_cluster(workdir)
 
 
 @pytest.mark.timeout(240)
