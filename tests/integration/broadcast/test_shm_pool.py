@@ -64,6 +64,20 @@ def _pool_fds() -> list[str]:
     return found
 
 
+def _forked_maps() -> list[str]:
+    """The pooled mappings a child made by ``fork`` (as a DataLoader worker is) finds in itself."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, json.dumps(_pool_maps()).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        found = json.loads(fh.read())
+    os.waitpid(child, 0)
+    return list(found)
+
+
 def _identity(group: Any) -> list[int]:
     """The pooled segment this rank writes (leader: st_dev, st_ino) or reads from its leader (its cached key)."""
     from distinit.broadcast._transport import shm
@@ -111,6 +125,7 @@ def _reuse(rank: int) -> dict[str, Any]:
     leader = os.getpid() if rank == 0 else ids[0][0]  # a reader's key starts with its leader's pid
     seen = check_shm(local_world_size=3).evidence["pooled"]  # what `distinit doctor` reports
     checks["the doctor's shm check reports the pool"] = seen.get(str(leader)) == ids[0][-1]
+    checks["a forked child inherits no pooled mapping"] = _forked_maps() == []
 
     views = broadcast_state_dict(_state(7) if rank == 0 else None, via="shm", zero_copy=True, timeout=TIMEOUT)
     broadcast_state_dict(_state(8) if rank == 0 else mine, via="shm", timeout=TIMEOUT)  # rewrites the pool

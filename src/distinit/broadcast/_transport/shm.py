@@ -105,6 +105,7 @@ _TEXT = {
 }
 _PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, an errno (not SIGBUS) when memory lacks
+_MADV_DONTFORK = 10  # a child made by fork (a DataLoader worker) neither inherits the mapping nor keeps it alive
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -141,9 +142,11 @@ def _map(fd: int, size: int, *, writable: bool) -> int:
     """``mmap(MAP_SHARED)`` of ``size`` bytes of ``fd``: its address (read-only mappings are pre-faulted)."""
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
     flags = mmap.MAP_SHARED | (0 if writable else mmap.MAP_POPULATE)
-    addr = _libc().mmap(None, size, prot, flags, fd, 0)
+    libc = _libc()
+    addr = libc.mmap(None, size, prot, flags, fd, 0)
     if addr in (None, _MAP_FAILED):
         raise _errno_error()
+    libc.madvise(addr, size, _MADV_DONTFORK)  # advice only: a failure changes nothing we rely on
     return int(addr)
 
 
