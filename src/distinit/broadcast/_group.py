@@ -71,7 +71,11 @@ class GroupFacts:
         self.group = weakref.ref(group)
         self.size, self.rank, self.global_rank, self.device = size, rank, global_rank, device
         self.seq = 0
-        self.scratch = _header.Scratch(size) if device.type == "cpu" else None
+        self.scratch: _header.Scratch | _header.GatherScratch | None = None
+        if device.type == "cpu":
+            self.scratch = _header.Scratch(size)
+        elif torch.cuda.is_available():  # pinned host memory needs CUDA
+            self.scratch = _header.GatherScratch(size)
         self.on_cuda = device.type == "cuda"
 
     def next_call(self, *, op: int, src: int, timeout: float | timedelta | None) -> CallContext:

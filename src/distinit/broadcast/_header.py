@@ -176,13 +176,66 @@ class Scratch:
         self.lock.release()
 
 
+class GatherScratch:
+    """A CUDA (NCCL) group's reusable header buffers, per device: pinned host rows and their device twins.
+
+    A small NCCL call would otherwise allocate a device table and copy it into a fresh pageable host
+    buffer on every call. Allocated on the group's first call on a device (NCCL runs on the device current
+    at the call), then reused; taken by one call at a time like :class:`Scratch`, and never given back by
+    a call whose collective failed (the device may still write into them).
+    """
+
+    __slots__ = ("by_device", "group_size", "lock")
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self.by_device: dict[torch.device, DeviceRows] = {}
+        self.lock = threading.Lock()
+
+    def take(self) -> bool:
+        """Claim the buffers for one exchange; False when another call (another thread) holds them."""
+        return self.lock.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        """Release the buffers after the exchange completed and its table was decoded."""
+        self.lock.release()
+
+    def on(self, device: torch.device) -> DeviceRows:
+        """The buffers for ``device`` (made on first use)."""
+        rows = self.by_device.get(device)
+        if rows is None:
+            rows = self.by_device[device] = DeviceRows(self.group_size, device)
+        return rows
+
+
+class DeviceRows:
+    """One device's header buffers: this rank's row and the gathered table, in pinned host memory and on the device."""
+
+    __slots__ = ("dirty", "recv", "recv_device", "recv_host", "send", "send_address", "send_device", "send_host")
+
+    def __init__(self, group_size: int, device: torch.device) -> None:
+        self.send_host = torch.empty(HEADER_WORDS, dtype=torch.int64, pin_memory=True)
+        self.recv_host = torch.empty(group_size * HEADER_WORDS, dtype=torch.int64, pin_memory=True)
+        self.send_address = self.send_host.data_ptr()
+        self.send = _host_bytes(self.send_host)
+        self.recv = _host_bytes(self.recv_host)
+        self.send_device = torch.empty(HEADER_WORDS, dtype=torch.int64, device=device)
+        self.recv_device = torch.empty(group_size * HEADER_WORDS, dtype=torch.int64, device=device)
+        self.dirty = INLINE_BYTES  # pinned memory starts with whatever it held: zero the whole inline part once
+
+
+def _host_bytes(tensor: torch.Tensor) -> memoryview:
+    """A writable memoryview of a CPU tensor's bytes (no copy; the tensor must outlive it)."""
+    return memoryview((ctypes.c_ubyte * tensor.nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
 class Exchange:
     """Result of one header exchange: every rank's view, plus a copy of each row's inline payload.
 
     Built from the received table and independent of it afterwards (the table is reused).
     """
 
-    def __init__(self, raw: bytearray, group_size: int) -> None:
+    def __init__(self, raw: bytearray | memoryview, group_size: int) -> None:
         unpack, from_words = _FIXED.unpack_from, View.from_words
         self.views = [from_words(unpack(raw, r * HEADER_BYTES)) for r in range(group_size)]
         self._inline: dict[int, bytes] = {}
@@ -233,36 +286,34 @@ def exchange(
     device: torch.device,
     inline: torch.Tensor | bytes | None = None,
     wait_for: timedelta | None = None,
-    scratch: Scratch | None = None,
+    scratch: Scratch | GatherScratch | None = None,
 ) -> Exchange:
     """Send this rank's header row (``words`` plus optional inline payload) to every rank.
 
     ``inline``: bytes, or a tensor whose raw bytes (``nbytes`` of them, any dtype) are sent.
-    ``scratch``: the group's reusable send buffer (all-to-all path only; see :class:`Scratch`).
+    ``scratch``: the group's reusable buffers (:class:`Scratch` on CPU, :class:`GatherScratch` on CUDA).
     ``wait_for``: how long to wait for the exchange (None: the process-group timeout).
 
-    On CPU (gloo), one ``all_to_all_single`` of ``group_size`` copies of the row; on CUDA (NCCL), one
-    all_gather of the row (see :func:`_gathers`). Either way rank ``r``'s row lands in row ``r`` of
-    every rank's table, and every buffer's size follows from the group size alone.
-    Rows are built in a ``bytearray`` (no per-word torch ops: this is the hot path of a small call).
+    A group of one rank runs no collective: its own row is the whole table. On CPU (gloo), one
+    ``all_to_all_single`` of ``group_size`` copies of the row; on CUDA (NCCL), one all_gather of the row
+    (see :func:`_gathers`). Either way rank ``r``'s row lands in row ``r`` of every rank's table, and
+    every buffer's size follows from the group size alone. Rows are built in a ``bytearray`` (no per-word
+    torch ops: this is the hot path of a small call).
 
     Raises:
         CollectiveFailed: the exchange timed out or a peer failed.
     """
-    total = group_size * HEADER_BYTES
+    if group_size == 1:
+        row = bytearray(HEADER_BYTES)
+        _fill_row(row, address_of(row), 0, words, inline)
+        return Exchange(row, 1)
     if _gathers(device):
-        # One row in, the same table out, without opening a connection to every peer.
-        recv = bytearray(total)
-        recv_t = torch.frombuffer(recv, dtype=torch.int64)
-        send = bytearray(HEADER_BYTES)
-        _fill_row(send, address_of(send), 0, words, inline)
-        row = torch.frombuffer(send, dtype=torch.int64)
-        out = recv_t if device.type == "cpu" else torch.empty(total // 8, dtype=torch.int64, device=device)
-        wait(_all_gather_single(out, row.to(device), group), wait_for)
-        if out is not recv_t:
-            recv_t.copy_(out)
-        return Exchange(recv, group_size)
-    held = scratch if scratch is not None and scratch.take() else None
+        held_rows = scratch if isinstance(scratch, GatherScratch) and scratch.take() else None
+        if held_rows is not None:
+            return gather_rows(words, group=group, device=device, inline=inline, wait_for=wait_for, scratch=held_rows)
+        return _gather_fresh(words, group=group, group_size=group_size, device=device, inline=inline, wait_for=wait_for)
+    total = group_size * HEADER_BYTES
+    held = scratch if isinstance(scratch, Scratch) and scratch.take() else None
     if held is not None:
         send, send_t, recv, recv_t = held.buffer, held.tensor, held.recv, held.recv_tensor
         held.dirty = _fill_row(send, held.address, held.dirty, words, inline)
@@ -279,7 +330,57 @@ def exchange(
     return exchanged
 
 
-def _fill_row(send: bytearray, address: int, dirty: int, words: list[int], inline: torch.Tensor | bytes | None) -> int:
+def _gather_fresh(
+    words: list[int],
+    *,
+    group: Any,
+    group_size: int,
+    device: torch.device,
+    inline: torch.Tensor | bytes | None,
+    wait_for: timedelta | None,
+) -> Exchange:
+    """The all_gather of header rows through buffers made for this call (another thread holds the scratch)."""
+    total = group_size * HEADER_BYTES
+    recv = bytearray(total)
+    recv_t = torch.frombuffer(recv, dtype=torch.int64)
+    send = bytearray(HEADER_BYTES)
+    _fill_row(send, address_of(send), 0, words, inline)
+    row = torch.frombuffer(send, dtype=torch.int64)
+    out = recv_t if device.type == "cpu" else torch.empty(total // 8, dtype=torch.int64, device=device)
+    wait(_all_gather_single(out, row.to(device), group), wait_for)
+    if out is not recv_t:
+        recv_t.copy_(out)
+    return Exchange(recv, group_size)
+
+
+def gather_rows(
+    words: list[int],
+    *,
+    group: Any,
+    device: torch.device,
+    inline: torch.Tensor | bytes | None,
+    wait_for: timedelta | None,
+    scratch: GatherScratch,
+) -> Exchange:
+    """The all_gather of header rows through the group's reused buffers on ``device`` (``scratch`` taken).
+
+    The row is written into pinned host memory, copied to the device by DMA, gathered, and the table
+    copied back into pinned host memory by DMA (a blocking copy: the table is complete when it returns);
+    no buffer is allocated after the group's first call on the device.
+    """
+    rows = scratch.on(device)
+    rows.dirty = _fill_row(rows.send, rows.send_address, rows.dirty, words, inline)
+    rows.send_device.copy_(rows.send_host, non_blocking=True)
+    wait(_all_gather_single(rows.recv_device, rows.send_device, group), wait_for)  # on failure: stays taken
+    rows.recv_host.copy_(rows.recv_device)
+    exchanged = Exchange(rows.recv, scratch.group_size)
+    scratch.give_back()
+    return exchanged
+
+
+def _fill_row(
+    send: bytearray | memoryview, address: int, dirty: int, words: list[int], inline: torch.Tensor | bytes | None
+) -> int:
     """Write the fixed words and inline payload into row 0 of ``send``; returns the inline length.
 
     Inline bytes a previous call left beyond this payload (``dirty`` of them) are zeroed, so a row
@@ -292,7 +393,7 @@ def _fill_row(send: bytearray, address: int, dirty: int, words: list[int], inlin
     return length
 
 
-def put_inline(buf: bytearray, address: int, offset: int, inline: torch.Tensor | bytes | None) -> int:
+def put_inline(buf: bytearray | memoryview, address: int, offset: int, inline: torch.Tensor | bytes | None) -> int:
     """Copy an inline payload (bytes, or a tensor's raw bytes) into ``buf`` at ``offset``; returns its length.
 
     ``address`` is that of ``buf`` (:func:`address_of`); the caller checked that the payload fits.

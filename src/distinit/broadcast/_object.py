@@ -130,7 +130,7 @@ def broadcast_object(
     if logger.isEnabledFor(logging.DEBUG):
         _log(ctx, sv, type)
     if ctx.rank == src:
-        if sv.inline == _header.NOT_INLINE:
+        if sv.inline == _header.NOT_INLINE and ctx.size > 1:  # a world of one: nobody to send to
             _send(ctx, payload, tensors)
         return obj
     if sv.inline != _header.NOT_INLINE:

@@ -74,7 +74,7 @@ def run(
     zero_copy = via.name == "network" and flat is not None and all(v.flags & _header.FLAG_FLAT for v in views)
     if logger.isEnabledFor(logging.DEBUG):
         _log(ctx, views[ctx.src], zero_copy=zero_copy)
-    if zero_copy and mine is not None and flat is not None:
+    if zero_copy and mine is not None and flat is not None and ctx.size > 1:
         _flat.transfer(ctx, flat, mine[1], send=ctx.rank == ctx.src)
         return mine
     # Some rank allocates from src's metadata: every rank checks it.
@@ -84,6 +84,8 @@ def run(
         route = agree(ctx, via, views, spec)
         if route.kind != "network":
             return names, _move(ctx, route, via, mine, spec, names, device)
+    if ctx.size == 1 and mine is not None:  # a world of one: nobody to send to
+        return mine
     if mine is None and src_meta is not None:
         mine = _allocate(ctx, src_meta, device)
     if mine is None:  # unreachable: the verdict checked src's status and _allocate returned

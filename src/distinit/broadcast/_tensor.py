@@ -136,7 +136,7 @@ def _deliver(
         if route.kind != "network":
             return _move(ctx, route, option, spec, sv, usable, device)
     if usable is not None and ctx.rank == ctx.src:
-        if sv.inline == _header.NOT_INLINE:
+        if sv.inline == _header.NOT_INLINE and ctx.size > 1:  # a world of one: nobody to send to
             wire, _ = wire_view(usable, ctx.comm_device)
             wait_or_raise(broadcast_bytes(wire, ctx), ctx, "payload broadcast")
         return usable

@@ -161,3 +161,69 @@ def test_setup_refuses_more_ranks_on_a_host_than_gpus(dist_world: DistWorld) -> 
     world = torch.cuda.device_count() + 1
     got = dist_world(setup_on_a_crowded_host, world_size=world, init=False, timeout=60)
     assert all(f"{world} ranks on this host" in text and "--nproc-per-node=" in text for text in got), got
+
+
+def receivers_allocate_once(device: str) -> list[object]:
+    """Receivers passing None with via="auto" (the network after all): one allocation each, on ``device``."""
+    import torch.distributed as dist
+
+    from distinit.broadcast import broadcast_state_dict, broadcast_tensor
+
+    rank = dist.get_rank()
+    payload = torch.arange(4 << 20, dtype=torch.int32).to(device)  # 16 MiB
+    want = {"w": payload, "b": payload[:1000].clone()}
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if device == "cuda" else 0
+    got = broadcast_tensor(payload if rank == 0 else None, device=device, via="auto", zero_copy=rank == 1)
+    sd = broadcast_state_dict(want if rank == 0 else None, device=torch.device(device), via="auto")
+    grown = (torch.cuda.max_memory_allocated() - before) if device == "cuda" else 0
+    received = payload.nbytes + sum(t.nbytes for t in want.values())
+    return [
+        bool(torch.equal(got.cpu(), payload.cpu())) and got.device.type == device,
+        all(torch.equal(sd[k].cpu(), want[k].cpu()) and sd[k].device.type == device for k in want),
+        rank == 0 or grown <= received + (1 << 20),  # a second allocation would double it
+    ]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("device", DEVICES)
+def test_receivers_allocate_each_buffer_once(dist_world: DistWorld, device: str) -> None:
+    got = dist_world(receivers_allocate_once, world_size=2, timeout=120, args=(device,))
+    assert got == [[True, True, True]] * 2
+
+
+def header_rows_through_reused_pinned_buffers() -> list[object]:
+    """NCCL's header all_gather (a world of one runs none, so called directly): pinned host rows, made once."""
+    import torch.distributed as dist
+
+    from distinit.broadcast import _header
+
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 0)
+    scratch = _header.GatherScratch(1)
+    tables = []
+    for seq, inline in ((1, b"x" * 100), (2, b"y" * 10)):
+        words = _header.fixed_words(seq=seq, op=_header.OP_OBJECT, src=0, aux_nbytes=len(inline), inline=len(inline))
+        assert scratch.take()
+        exchanged = _header.gather_rows(
+            words, group=dist.group.WORLD, device=device, inline=inline, wait_for=None, scratch=scratch
+        )
+        rows = scratch.on(device)
+        tables.append((exchanged.views[0].seq, exchanged.inline_bytes(0), rows.recv_host.data_ptr()))
+    stale = bytes(scratch.on(device).recv[_header.FIXED_BYTES + 10 : _header.FIXED_BYTES + 100])
+    return [
+        stale == bytes(90),  # the shorter payload zeroed what the longer one left
+        [seq for seq, _, _ in tables] == [1, 2],
+        [data for _, data, _ in tables] == [b"x" * 100, b"y" * 10],
+        tables[0][2] == tables[1][2] and scratch.on(device).recv_host.is_pinned(),
+        len(scratch.by_device) == 1,
+    ]
+
+
+@pytest.mark.timeout(120)
+@CUDA
+def test_nccl_header_rows_reuse_one_pinned_buffer(dist_world: DistWorld) -> None:
+    got = dist_world(header_rows_through_reused_pinned_buffers, world_size=1, backend="nccl", timeout=90)
+    assert got == [[True, True, True, True, True]]

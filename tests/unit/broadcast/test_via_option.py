@@ -97,10 +97,18 @@ def test_the_header_alone_settles_auto_when_no_rank_asked_for_zero_copy(
     via: str, zero_copy: bool, total: int, kind: str | None
 ) -> None:
     """Settled from header facts only (the same on every rank), so no agreement collective runs."""
-    route = settled(via, zero_copy=zero_copy, total=total)
+    route = settled(via, zero_copy=zero_copy, total=total, size=3)
     assert (route.kind if route is not None else None) == kind
     if route is not None and total:
         assert "zero_copy" in route.note
+
+
+@pytest.mark.parametrize("via", ["auto", "shm"])
+def test_a_world_of_one_shares_memory_with_no_one(via: str) -> None:
+    route = settled(via, zero_copy=True, total=AUTO_SHM_MIN_BYTES, size=1)
+    assert route is not None and route.kind == "network" and "share a host" in route.note
+    assert route.note == decide(via, _rows([A]), src=0, total=AUTO_SHM_MIN_BYTES, zero_copy=True).note
+    assert settled("file", zero_copy=False, total=1, size=1) is None  # a file is written even for one rank
 
 
 def test_hosts_put_src_first_and_lead_its_host() -> None:

@@ -176,20 +176,28 @@ def group_hosts(keys: Sequence[tuple[int, int]], src: int) -> tuple[tuple[int, .
     return tuple(tuple(h) for h in sorted(hosts, key=lambda h: (h[0] != src, min(h))))
 
 
-def settled(via: str, *, zero_copy: bool, total: int) -> Route | None:
+def settled(via: str, *, zero_copy: bool, total: int, size: int) -> Route | None:
     """The route when the verified header alone decides it, else None (the ranks must agree on hosts).
 
     ``via="auto"`` stays on the network unless some rank asked for ``zero_copy`` (``zero_copy``: the header
     verdict's answer, the same on every rank) and the payload is at least :data:`AUTO_SHM_MIN_BYTES`; ``total``
-    follows from the verified call, so every rank settles alike, without a collective.
+    follows from the verified call, so every rank settles alike, without a collective. A group of one rank
+    (``size``) shares memory with no one: shm and auto take the network (as :func:`decide` would say).
     """
-    if via != "auto":
+    if via == "file" or (via == "shm" and size > 1):
         return None
     if total == 0:
         return Route("network", (), "", "nothing to move")
+    if size == 1:
+        return Route("network", ((0,),), "", _NOT_SHARED.format(ranks=1))
+    if via != "auto":
+        return None
     if zero_copy and total >= AUTO_SHM_MIN_BYTES:
         return None
     return Route("network", (), "", _auto_note(total))
+
+
+_NOT_SHARED = "no two of the {ranks} ranks share a host (boot_id and /dev/shm device differ)"
 
 
 def _auto_note(total: int, per_host: int | None = None) -> str:
@@ -215,7 +223,7 @@ def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int, zer
     if total == 0:
         note = "nothing to move"
     elif not shared:
-        note = f"no two of the {len(rows)} ranks share a host (boot_id and /dev/shm device differ)"
+        note = _NOT_SHARED.format(ranks=len(rows))
     elif via == "auto" and not _auto_pays(zero_copy, shared, total):
         note = _auto_note(total, max(len(h) for h in shared))
     else:
@@ -242,7 +250,7 @@ def agree(ctx: CallContext, via: Via, views: Sequence[_header.View], spec: Spec)
     """
     total = slots(spec)[1]
     zero_copy = any(view.flags & _header.FLAG_ZERO_COPY for view in views)
-    route = settled(via.name, zero_copy=zero_copy, total=total) or _gathered(ctx, via, total, zero_copy)
+    route = settled(via.name, zero_copy=zero_copy, total=total, size=ctx.size) or _gathered(ctx, via, total, zero_copy)
     logger.debug(
         "rank %d: %s call #%d moves %d bytes by %s (%d hosts)%s",
         ctx.rank, ctx.call, ctx.seq, total, route.kind, len(route.hosts), f": {route.note}" if route.note else "",
