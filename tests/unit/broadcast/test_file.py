@@ -1,4 +1,4 @@
-"""The file transport's header parser against hostile documents (issue 23 item 5): never trusted, never raises."""
+"""``_transport/file.py``: its header parser against hostile documents (issue 23 item 5): never trusted."""
 
 from __future__ import annotations
 

@@ -1,3 +1,5 @@
+"""``_group.py`` and the public face: the exported names, the group a call needs, ``timeout=`` (no group formed)."""
+
 from datetime import timedelta
 
 import pytest
