@@ -318,11 +318,9 @@ def broadcast_small(data: dict[str, Any]) -> Section:
     return "Small broadcasts", lines
 
 
-REPEAT_ROWS = (
-    ('via="network"', 'via="network"', THEIRS),
-    ('via="shm", repeated (the segment pool)', 'via="shm", repeated (the segment pool)', OURS),
-    ('via="shm", pool off (fresh segment each call)', 'via="shm", pool off (a fresh sealed segment every call)', FLOOR),
-)
+REPEAT_KEYS = ('via="network"', 'via="shm", repeated (the segment pool)',
+               'via="shm", pool off (a fresh sealed segment every call)')  # fmt: skip
+REPEAT_ROWS = tuple(zip(REPEAT_KEYS, REPEAT_KEYS, (THEIRS, OURS, FLOOR), strict=True))
 
 
 def broadcast_shm_repeat(data: dict[str, Any]) -> Section:

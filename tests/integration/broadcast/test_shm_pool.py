@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 TIMEOUT = 60.0  # the ranks' timeout=: generous on a loaded 2-core machine
-MEET = os.environ.get("POOL_MEET", "")
+MEET = os.environ.get("VIA_MEET", "")  # via_worker.meet's directory too
 _MFD_POOL = "/memfd:distinit-bc-pool-"
 
 
@@ -90,15 +90,6 @@ def _identity(group: Any) -> list[int]:
         return [st.st_dev, st.st_ino, pool.mine.size]
     mapped = next(iter(pool.read.values()), None)  # one leader per reader here
     return [*mapped.key, mapped.size] if mapped is not None else []
-
-
-def _meet(mine: str, theirs: str, timeout: float = 90.0) -> None:
-    (Path(MEET) / mine).write_text(str(os.getpid()))
-    deadline = time.monotonic() + timeout
-    while not (Path(MEET) / theirs).exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {theirs} in {MEET} after {timeout} s")
-        time.sleep(0.01)
 
 
 def _reuse(rank: int) -> dict[str, Any]:
@@ -175,7 +166,9 @@ def _attacked(rank: int) -> dict[str, Any]:
     if rank == 0 and pool.mine is not None:
         (Path(MEET) / "segment.json").write_text(json.dumps({"pid": os.getpid(), "fd": pool.mine.fd}))
     if rank == 0:
-        _meet("pooled", "attacked")
+        from via_worker import meet
+
+        meet("pooled", "attacked", timeout=90)
     dist.barrier()
     results = []
     for seed in (2, 3):
@@ -205,7 +198,9 @@ def _killed(rank: int) -> dict[str, Any]:
     mine = _state(50 + rank)
     broadcast_state_dict(_state(1) if rank == 0 else mine, via="shm", timeout=TIMEOUT)
     (Path(MEET) / f"pooled-{rank}").write_text(json.dumps({"pid": os.getpid(), "maps": _pool_maps()}))
-    _meet(f"waiting-{rank}", "never")
+    from via_worker import meet
+
+    meet(f"waiting-{rank}", "never", timeout=90)
     return {}
 
 
@@ -331,7 +326,7 @@ def _job(tmp_path: Path, scenario: str, world: int, hosts: Any = None) -> Any:
 
     meet = tmp_path / "meet"
     meet.mkdir(exist_ok=True)
-    return Job(tmp_path, scenario, hosts or [(range(world), None)], env={"POOL_MEET": str(meet)},
+    return Job(tmp_path, scenario, hosts or [(range(world), None)], env={"VIA_MEET": str(meet)},
                command=[sys.executable, __file__, scenario])  # fmt: skip
 
 

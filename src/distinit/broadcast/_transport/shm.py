@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -225,8 +226,7 @@ class Segment:
 
     def row(self) -> list[int]:
         """What readers need to find and check this segment: OK, pid, descriptor, device, inode."""
-        st = os.fstat(self.fd)
-        return [OK, os.getpid(), self.fd, _signed(st.st_dev), _signed(st.st_ino)]
+        return _row(self.fd)
 
     @classmethod
     def attach(cls, row: list[int], size: int, *, pooled: bool = False) -> tuple[int, Segment | None]:
@@ -261,6 +261,30 @@ class Segment:
         os.close(self.fd)
 
 
+def _row(fd: int) -> list[int]:
+    """A segment's status row: OK, this process's pid, the descriptor, its device and inode."""
+    st = os.fstat(fd)
+    return [OK, os.getpid(), fd, _signed(st.st_dev), _signed(st.st_ino)]
+
+
+class _Mapping:
+    """A segment's descriptor and one shared mapping of it at ``addr``, released together by :meth:`close`."""
+
+    def __init__(self, fd: int, size: int, addr: int) -> None:
+        self.fd, self.size, self.addr = fd, size, addr
+
+    def view(self, size: int) -> torch.Tensor:
+        """The first ``size`` bytes as a uint8 tensor (valid until :meth:`close`; never handed to callers)."""
+        return _over(self.addr, size)
+
+    def close(self) -> None:
+        """Unmap and close: the memory goes once nobody else holds it either."""
+        if self.addr:
+            _libc().munmap(self.addr, self.size)
+            self.addr = 0
+            os.close(self.fd)
+
+
 def _check_file(fd: int, dev: int, ino: int, size: int, *, pooled: bool) -> int:
     """OK when ``fd`` is the leader's file (device, inode, regular, our uid), big enough, and sealed for its kind."""
     try:
@@ -278,7 +302,7 @@ def _check_file(fd: int, dev: int, ino: int, size: int, *, pooled: bool) -> int:
     return OK
 
 
-class Pooled:
+class Pooled(_Mapping):
     """A leader's reusable segment: sealed against every new writer, written through the one mapping made before.
 
     Created once per group (and again when a payload outgrows it): memory file, mode 0400, size, one
@@ -287,9 +311,6 @@ class Pooled:
     before the seal, and after it nobody can make one. Then every page is allocated (``posix_fallocate``:
     no memory is an errno, not a SIGBUS later) and faulted into the mapping.
     """
-
-    def __init__(self, fd: int, size: int, addr: int) -> None:
-        self.fd, self.size, self.addr = fd, size, addr
 
     @classmethod
     def create(cls, size: int, name: str) -> Pooled:
@@ -326,44 +347,22 @@ class Pooled:
         if data.numel():
             _over(self.addr + offset, data.numel()).copy_(data)
 
-    def view(self, size: int) -> torch.Tensor:
-        """The first ``size`` bytes as a uint8 tensor (valid until :meth:`close`; never handed to callers)."""
-        return _over(self.addr, size)
-
     def row(self) -> list[int]:
         """What readers need to find and check this segment: OK, pid, descriptor, device, inode."""
-        st = os.fstat(self.fd)
-        return [OK, os.getpid(), self.fd, _signed(st.st_dev), _signed(st.st_ino)]
-
-    def close(self) -> None:
-        """Unmap and close: the memory goes once no reader holds it either."""
-        if self.addr:
-            _libc().munmap(self.addr, self.size)
-            self.addr = 0
-            os.close(self.fd)
+        return _row(self.fd)
 
 
-class Mapped:
-    """A reader's read-only shared mapping of a leader's pooled segment, kept between calls."""
+class Mapped(_Mapping):
+    """A reader's read-only shared mapping of a leader's pooled segment, kept between calls (a write faults)."""
 
     def __init__(self, key: tuple[int, ...], seg: Segment) -> None:
-        self.key, self.fd, self.size = key, seg.fd, seg.size
         try:
-            self.addr = _map(seg.fd, seg.size, writable=False)
+            addr = _map(seg.fd, seg.size, writable=False)
         except BaseException:
             seg.close()
             raise
-
-    def view(self, size: int) -> torch.Tensor:
-        """The first ``size`` bytes (read only: a write would fault; valid until :meth:`close`)."""
-        return _over(self.addr, size)
-
-    def close(self) -> None:
-        """Unmap and close."""
-        if self.addr:
-            _libc().munmap(self.addr, self.size)
-            self.addr = 0
-            os.close(self.fd)
+        super().__init__(seg.fd, seg.size, addr)
+        self.key = key
 
 
 class GroupPool:
@@ -428,6 +427,32 @@ def _pooled_size(total: int) -> int:
     return -(-total // page) * page
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One transfer's facts, the same at each of its steps: the call, its route and payload, this rank's part."""
+
+    ctx: CallContext
+    route: Route
+    spec: Spec
+    offsets: list[int]
+    total: int
+    sources: list[torch.Tensor] | None  # src's tensors (src only)
+    outs: list[torch.Tensor | None]  # a receiver's buffers (None: allocate, or view with zero_copy)
+
+    @property
+    def host(self) -> tuple[int, ...]:
+        """This rank's host: its ranks, the leader first."""
+        return self.route.hosts[self.route.host_of(self.ctx.rank)]
+
+    def done(self, data: torch.Tensor | None, *, zero_copy: bool) -> list[torch.Tensor]:
+        """This rank's tensors: src's own, or unpacked from ``data`` (the bytes received across hosts, or read)."""
+        if self.ctx.rank == self.ctx.src and self.sources is not None:
+            return self.sources
+        if data is None:  # unreachable: every rank other than src has bytes to unpack by now
+            raise RuntimeError(f"{self.ctx.call}: rank {self.ctx.rank} has no shared-memory bytes to read")
+        return unpack(self.ctx, data, self.spec, self.offsets, self.outs, zero_copy=zero_copy)
+
+
 def transfer(
     ctx: CallContext,
     route: Route,
@@ -450,8 +475,8 @@ def transfer(
         BroadcastTimeoutError: a peer died or a step timed out (on the waiting rank).
     """
     offsets, total = slots(spec)
-    host = route.host_of(ctx.rank)
-    leader = route.hosts[host][0]
+    call = _Call(ctx, route, spec, offsets, total, sources, outs)
+    leader = call.host[0]
     pool = _pool_of(ctx.group)
     cap = pool_cap()
     plan = [OK if cap is not None else BAD_SETTING, int(zero_copy), 0, 0, 0, 0]
@@ -465,39 +490,26 @@ def transfer(
     views = any(p[1] for p in plans)
     shared = [ranks for ranks in route.hosts if len(ranks) > 1]
     if not views and all(plans[ranks[0]][2] for ranks in shared):
-        return _reuse(ctx, route, spec, offsets, total, sources, outs, pool, plans[leader])
-    return _fresh(ctx, route, spec, offsets, total, sources, outs, zero_copy, pool if not views else None, cap)
+        return _reuse(call, pool, plans[leader])
+    return _fresh(call, zero_copy, pool if not views else None, cap)
 
 
-def _reuse(
-    ctx: CallContext,
-    route: Route,
-    spec: Spec,
-    offsets: list[int],
-    total: int,
-    sources: list[torch.Tensor] | None,
-    outs: list[torch.Tensor | None],
-    pool: GroupPool,
-    plan: list[int],
-) -> list[torch.Tensor]:
+def _reuse(call: _Call, pool: GroupPool, plan: list[int]) -> list[torch.Tensor]:
     """Every host's pooled segment fits: leaders write into theirs while readers open (or reuse) and check it."""
-    host = route.host_of(ctx.rank)
-    leader = route.hosts[host][0]
+    ctx, leader = call.ctx, call.host[0]
     staging = None
     if leader == ctx.rank:
-        staging, written = _payload(ctx, route, offsets, total, sources, spec)
-        if pool.mine is not None and len(route.hosts[host]) > 1:
+        staging, written = _payload(call)
+        if pool.mine is not None and len(call.host) > 1:
             for offset, data in written:
                 pool.mine.write(offset, data)
         status = OK
     else:
-        status = _attach_pooled(pool, leader, [OK, *plan[2:]], total)
+        status = _attach_pooled(pool, leader, [OK, *plan[2:]], call.total)
     _check(ctx, sync(ctx, status, "shared-memory write"), "opening")
-    if ctx.rank == ctx.src and sources is not None:
-        return sources
-    if staging is not None:
-        return unpack(ctx, staging, spec, offsets, outs, zero_copy=False)
-    return unpack(ctx, pool.read[leader].view(total), spec, offsets, outs, zero_copy=False)
+    if staging is None and leader != ctx.rank:
+        staging = pool.read[leader].view(call.total)
+    return call.done(staging, zero_copy=False)
 
 
 def _attach_pooled(pool: GroupPool, leader: int, row: list[int], total: int) -> int:
@@ -519,67 +531,46 @@ def _attach_pooled(pool: GroupPool, leader: int, row: list[int], total: int) -> 
     return OK
 
 
-def _payload(
-    ctx: CallContext,
-    route: Route,
-    offsets: list[int],
-    total: int,
-    sources: list[torch.Tensor] | None,
-    spec: Spec,
-) -> tuple[torch.Tensor | None, list[tuple[int, torch.Tensor]]]:
+def _payload(call: _Call) -> tuple[torch.Tensor | None, list[tuple[int, torch.Tensor]]]:
     """A leader's bytes: src's tensors (wire views), or what src sent across hosts (received here).
 
     Returns the bytes received across hosts (None on src) and the ``(offset, uint8 tensor)`` pieces to write.
     """
+    ctx, sources, offsets = call.ctx, call.sources, call.offsets
     is_src = ctx.rank == ctx.src and sources is not None
     packed = None
-    if not is_src or len(route.hosts) > 1:  # one contiguous buffer travels between hosts
-        packed = torch.empty(total, dtype=torch.uint8)
+    if not is_src or len(call.route.hosts) > 1:  # one contiguous buffer travels between hosts
+        packed = torch.empty(call.total, dtype=torch.uint8)
         if is_src and sources is not None:
             for offset, tensor in zip(offsets, sources, strict=True):
                 wire, _ = wire_view(tensor, _CPU)
                 packed[offset : offset + wire.numel()].copy_(wire)
-        _across_hosts(ctx, route, packed)
+        _across_hosts(ctx, call.route, packed)
     if packed is None:  # src's own tensors (views, or staging copies of CUDA or strided ones, kept to compare)
         written = [(o, wire_view(t, _CPU)[0]) for o, t in zip(offsets, sources or [], strict=True)]
     else:
-        written = [(o, packed[o : o + nbytes_of(d, s)]) for (d, s), o in zip(spec, offsets, strict=True)]
+        written = [(o, packed[o : o + nbytes_of(d, s)]) for (d, s), o in zip(call.spec, offsets, strict=True)]
     return (None if is_src else packed), written
 
 
-def _fresh(
-    ctx: CallContext,
-    route: Route,
-    spec: Spec,
-    offsets: list[int],
-    total: int,
-    sources: list[torch.Tensor] | None,
-    outs: list[torch.Tensor | None],
-    zero_copy: bool,
-    pool: GroupPool | None,
-    cap: int | None,
-) -> list[torch.Tensor]:
+def _fresh(call: _Call, zero_copy: bool, pool: GroupPool | None, cap: int | None) -> list[torch.Tensor]:
     """Create (or grow) the segments, name them in one exchange, open them, confirm in another, read them."""
-    host = route.host_of(ctx.rank)
-    leader = route.hosts[host][0]
+    ctx, leader, total = call.ctx, call.host[0], call.total
     seg: Segment | None = None
     pooled: Pooled | None = None
     staging: torch.Tensor | None = None
     try:
         if leader == ctx.rank:
-            status, seg, pooled, staging = _write(ctx, route, spec, offsets, total, sources, pool, cap)
+            status, seg, pooled, staging = _write(call, pool, cap)
             made = pooled if pooled is not None else seg
             row = made.row() if made is not None and status == OK else [status] + [0] * (ROW - 1)
         else:
             row = [OK] + [0] * (ROW - 1)
         rows = sync_words(ctx, [*row, int(pooled is not None)], "shared-memory write")
         _check(ctx, [r[0] for r in rows], "writing")
-        reading = None
         if leader != ctx.rank:
             if rows[leader][ROW] and pool is not None:
                 status = _attach_pooled(pool, leader, rows[leader], total)
-                if status == OK:
-                    reading = pool.read[leader].view(total)
             else:
                 status, seg = Segment.attach(rows[leader], total)
         statuses = sync(ctx, status if leader != ctx.rank else OK, "shared-memory attach")
@@ -587,30 +578,18 @@ def _fresh(
             seg.close()  # every reader of this host holds its own descriptor now
             seg = None
         _check(ctx, statuses, "opening")
-        if ctx.rank == ctx.src and sources is not None:
-            return sources
-        if staging is not None:  # a leader that received across hosts holds the bytes already
-            return unpack(ctx, staging, spec, offsets, outs, zero_copy=zero_copy)
-        if reading is not None:  # a pooled segment: copy out (no rank asked for views)
-            return unpack(ctx, reading, spec, offsets, outs, zero_copy=False)
-        if seg is None:  # unreachable: a reader with status OK has opened the segment
-            raise RuntimeError(f"{ctx.call}: rank {ctx.rank} has no shared-memory segment to read")
-        mapped = seg.map_private() if total else torch.empty(0, dtype=torch.uint8)
-        return unpack(ctx, mapped, spec, offsets, outs, zero_copy=zero_copy)
+        if staging is not None or leader == ctx.rank:  # src, or a leader that received across hosts
+            return call.done(staging, zero_copy=zero_copy)
+        if seg is None:  # a pooled segment: copy out (no rank asked for views)
+            return call.done(pool.read[leader].view(total) if pool is not None else None, zero_copy=False)
+        return call.done(seg.map_private() if total else torch.empty(0, dtype=torch.uint8), zero_copy=zero_copy)
     finally:
         if seg is not None:
             seg.close()
 
 
 def _write(
-    ctx: CallContext,
-    route: Route,
-    spec: Spec,
-    offsets: list[int],
-    total: int,
-    sources: list[torch.Tensor] | None,
-    pool: GroupPool | None,
-    cap: int | None,
+    call: _Call, pool: GroupPool | None, cap: int | None
 ) -> tuple[int, Segment | None, Pooled | None, torch.Tensor | None]:
     """A leader's part: get the bytes (src: its tensors; others: from src across hosts), write the segment.
 
@@ -619,8 +598,9 @@ def _write(
     segment or the pooled one (None when no other rank shares the host), and the bytes received across
     hosts (None on src).
     """
-    received, written = _payload(ctx, route, offsets, total, sources, spec)
-    if len(route.hosts[route.host_of(ctx.rank)]) == 1:
+    ctx, total = call.ctx, call.total
+    received, written = _payload(call)
+    if len(call.host) == 1:
         return OK, None, None, received
     if pool is not None and cap is not None:
         try:
