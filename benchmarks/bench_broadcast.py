@@ -20,12 +20,15 @@ repetitions of the slowest rank):
   verifying) vs ``"file"`` (a directory on local disk) vs raw ``broadcast``, as GB/s beside the memcpy
   ceiling of the same run; and every receiver's RSS/PSS/anonymous growth (``/proc/self/smaps_rollup``)
   for a zero-copy and a private-copy receive;
+- a world of one rank (``--parts alone``, always world 1): ``broadcast_tensor`` (1 KB, 64 MB), ``broadcast_object``
+  and ``broadcast_state_dict`` (200 tensors) vs the raw torch call each replaces, and their ratio;
 - repeated shared-memory calls (``--parts repeat``, issue 27): the same 256 MiB state dict layout again
   and again (receivers update their tensors in place, as a weight sync does): ``via="network"`` vs
   ``"shm"`` from the segment pool vs ``"shm"`` with the pool off (a fresh sealed segment every call).
 
 Prints a table and writes ``benchmarks/results/broadcast.md`` and ``broadcast.json`` (all parts), or
-``broadcast_via.md``/``.json`` when only ``--parts via`` ran (``broadcast_shm_repeat`` for ``--parts repeat``).
+``broadcast_via.md``/``.json`` when only ``--parts via`` ran (``broadcast_shm_repeat`` for ``--parts repeat``,
+``broadcast_alone`` for ``--parts alone``, which the default run leaves out).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ import torch
 import torch.distributed as dist
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("module", "small", "sweep", "via", "repeat")
+PARTS = ("module", "small", "sweep", "via", "repeat", "alone")
+DEFAULT_PARTS = ("module", "small", "sweep", "via", "repeat")
 PART_OF = {"A": "module", "B": "module", "small": "small", "sweep": "sweep", "via": "via", "repeat": "repeat"}
 MIB = 1 << 20
 FLAT_AGAIN = "one pre-allocated flat broadcast (rounds of the flattened model)"
@@ -307,6 +311,46 @@ def _small_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
             reps,
             inner=20,
             warmup=10,
+        )
+    )
+    return out
+
+
+def _alone_cases(rank: int, reps: int) -> dict[str, dict[str, float]]:
+    """A world of one rank: each entry point beside the raw torch call it replaces (issue 27)."""
+    from distinit.broadcast import broadcast_object, broadcast_state_dict, broadcast_tensor
+
+    cfg = {"lr": 3e-4, "layers": list(range(64)), "run": "llama-ablation-" + "x" * 40}
+    sd = {f"p{i}": torch.randn(1000) for i in range(200)}
+    tensors = list(sd.values())
+    out: dict[str, dict[str, float]] = {}
+    for label, numel in (("tensor 1 KB", 256), ("tensor 64 MB", 16 * MIB)):
+        t = torch.randn(numel)
+        big = numel >= MIB
+        out.update(
+            compare(
+                {
+                    f"{label}: torch broadcast": lambda x=t: dist.broadcast(x, 0),
+                    f"{label}: distinit broadcast_tensor": lambda x=t: broadcast_tensor(x),
+                },
+                max(5, reps // 10) if big else reps,
+                inner=1 if big else 20,
+                warmup=2,
+            )
+        )
+    out.update(
+        compare(
+            {
+                "object: torch broadcast_object_list": lambda: dist.broadcast_object_list([cfg], 0),
+                "object: distinit broadcast_object": lambda: broadcast_object(cfg, type=dict[str, Any]),
+                "state dict (200 tensors): torch per-tensor broadcast loop": lambda: [
+                    dist.broadcast(t, 0) for t in tensors
+                ],
+                "state dict (200 tensors): distinit broadcast_state_dict": lambda: broadcast_state_dict(sd),
+            },
+            reps,
+            inner=5,
+            warmup=3,
         )
     )
     return out
@@ -587,6 +631,8 @@ def _worker(rank: int, world: int, store: str, mode: str, reps: int, sweep: bool
             result = _via_cases(rank, reps)
         elif mode == "repeat":
             result = _repeat_cases(rank, reps)
+        elif mode == "alone":
+            result = _alone_cases(rank, reps)
         else:
             result = _small_cases(rank, reps)
         if rank == 0:
@@ -610,7 +656,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the bucket-size sweep")
     parser.add_argument(
-        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="which cases to run (default: all)"
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(DEFAULT_PARTS),
+        help="which cases to run (default: all but alone, the world of one rank)",
     )
     args = parser.parse_args()
     from _common import load_average, machine_facts
@@ -621,20 +671,23 @@ def main() -> None:
     results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for world in args.worlds:
         key = f"world {world}"
-        results[key] = {}
         plan = (("A", reps_big), ("B", reps_b), ("small", reps_small), ("sweep", reps_small), ("via", reps_via),
                 ("repeat", reps_small // 4))  # fmt: skip
         for mode, reps in plan:
             if PART_OF[mode] not in args.parts:
                 continue
             t0 = time.perf_counter()
-            results[key][mode] = run_world(world, mode, reps, sweep=not args.no_sweep)
+            results.setdefault(key, {})[mode] = run_world(world, mode, reps, sweep=not args.no_sweep)
             print(f"[{key}] {mode} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    if "alone" in args.parts:  # a world of one rank, whatever --worlds says
+        results.setdefault("world 1", {})["alone"] = run_world(1, "alone", reps_small, sweep=False)
     report = render(results, roof)
     print(report)
     RESULTS.mkdir(exist_ok=True)
-    name = "broadcast" if set(args.parts) == set(PARTS) else "broadcast_via" if args.parts == ["via"] else None
-    name = "broadcast_shm_repeat" if args.parts == ["repeat"] else name
+    name = "broadcast" if set(args.parts) == set(DEFAULT_PARTS) else "broadcast_via" if args.parts == ["via"] else None
+    name = (
+        "broadcast_shm_repeat" if args.parts == ["repeat"] else "broadcast_alone" if args.parts == ["alone"] else name
+    )
     if name is None:
         print("bench_broadcast: a partial run; nothing written to benchmarks/results", file=sys.stderr)
         return
@@ -661,6 +714,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
 
 
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} µs"
+
+
 def render(results: dict[str, dict[str, dict[str, dict[str, float]]]], roof: dict[str, float]) -> str:
     """Markdown tables; ratios and target verdicts use the minimum over rounds (parts not run are left out)."""
     lines: list[str] = []
@@ -675,6 +732,8 @@ def render(results: dict[str, dict[str, dict[str, dict[str, float]]]], roof: dic
             lines.extend(_render_via(modes["via"], roof))
         if "repeat" in modes:
             lines.extend(_render_repeat(world, modes["repeat"]))
+        if "alone" in modes:
+            lines.extend(_render_alone(modes["alone"]))
     return "\n".join(lines)
 
 
@@ -746,6 +805,23 @@ def _render_small(world: str, rows: dict[str, dict[str, float]]) -> list[str]:
         f"- header check {_ms(header)} vs DETAIL's added per-call cost {_ms(detail_cost)} = "
         f"{header / detail_cost:.2f} (target <= 0.2: {'met' if header <= 0.2 * detail_cost else 'MISSED'})\n"
     )
+    return lines
+
+
+def _render_alone(rows: dict[str, dict[str, float]]) -> list[str]:
+    """World 1: each distinit call beside the torch call it replaces, and their ratio (minimum over rounds)."""
+    lines = [
+        "### a world of one rank\n",
+        "| case | torch (min) | distinit (min) | distinit / torch | torch (median) | distinit (median) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    labels = list(rows)
+    for theirs, ours in zip(labels[::2], labels[1::2], strict=True):
+        t, o = rows[theirs], rows[ours]
+        case = f"{theirs.split(': ')[0]}: {ours.split(': ', 1)[1]} vs {theirs.split(': ', 1)[1]}"
+        lines.append(f"| {case} | {_us(t['min'])} | {_us(o['min'])} | {o['min'] / t['min']:.2f}x | "
+                     f"{_us(t['median'])} | {_us(o['median'])} |")  # fmt: skip
+    lines.append("")
     return lines
 
 
