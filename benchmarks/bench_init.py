@@ -315,7 +315,7 @@ def nccl() -> dict[str, Any]:
         code = f"""
 import os, time, json, torch, torch.distributed as dist
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}")
-from distinit.init import setup  # imported before the clock starts, as torch is
+from distinit.init import setup# imported before the clock starts, as torch is
 t = time.monotonic()  # both sides from before CUDA initialises: setup() binds the device itself
 if "{impl}" == "torch":
     torch.cuda.set_device(0)

@@ -109,11 +109,11 @@ def multi_node(env: DistEnv) -> bool:
 def check_names(env: DistEnv | None, hostname: str, environ: Mapping[str, str]) -> Check:
     """The hostname and MASTER_ADDR resolve, and gloo would not advertise loopback in a world spanning hosts.
 
-    The loopback rule is ``setup()``'s own (:func:`distinit.init._preflight.check_advertised_address`): a
+    The loopback rule is ``setup()``'s own (``distinit.init.check_advertised_address``): a
     named ``GLOO_SOCKET_IFNAME`` is the user's choice and never a ``names`` failure (``route`` checks it),
     and a loopback MASTER_ADDR or a one-node launcher means one host.
     """
-    from distinit.init._preflight import check_advertised_address  # torch.distributed: the doctor has it
+    from distinit.init import check_advertised_address  # torch.distributed: the doctor has it
 
     problems: list[str] = []
     evidence: dict[str, object] = {"hostname": hostname}

@@ -50,8 +50,7 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
         return None
     import torch.distributed as dist
 
-    from distinit.init._attempt import AttemptFailed
-    from distinit.init._store import connect_store, host_store
+    from distinit.init import AttemptFailed, connect_store, host_store
 
     started = time.monotonic()
     mine = PeerLocal(rank=env.rank, host=host[:NAME_CHARS], local=tuple(local))

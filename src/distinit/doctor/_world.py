@@ -19,7 +19,7 @@ from distinit.doctor._nodes import nodes
 from distinit.doctor._peer import PeerDocument, parse_document, parse_results, peer_failure
 from distinit.env import DistEnv
 from distinit.errors import DistinitError
-from distinit.init import _world
+from distinit.init import claim_of as rank_claim
 
 #: Bytes each host sends its ring successor under ``--bandwidth``.
 BANDWIDTH_BYTES = 64 * 1024 * 1024
@@ -27,7 +27,7 @@ BANDWIDTH_BYTES = 64 * 1024 * 1024
 
 def claim_of(env: DistEnv, identity: HostIdentity) -> dict[str, Any]:
     """This rank's identity claim, as JSON (the same claim ``setup()`` verifies the world with)."""
-    return _world.claim_of(env, {}, identity).model_dump(mode="json")
+    return rank_claim(env, {}, identity).model_dump(mode="json")
 
 
 def _probe_hosts(

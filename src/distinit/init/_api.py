@@ -1,32 +1,87 @@
-"""``init_with_retry``: a bounded, diagnosing, retrying ``torch.distributed`` rendezvous."""
+"""The public calls: ``setup()``, ``init_with_retry()``, ``teardown()``, and the one call they share.
+
+Both public calls normalise their arguments once (:class:`Bounds`, the backend, the pause policy) and run
+the same rendezvous (:func:`_rendezvous`) under the process's one single-flight guard; ``setup()`` also
+resolves and exports the world, binds the GPU and keeps watching the ranks' liveness until ``teardown()``.
+
+The boundary: inside, errors are raised ``from`` what caused them (an internal attempt failure, a torch or
+OS error), and they cross a thread and the attempt loop, so their tracebacks hold dozens of frames nobody
+needs. At the public functions the error is raised again without its traceback and ``from None``
+(:func:`readable`); the foreign cause stays available as ``exc.cause`` and the whole chain is logged at DEBUG.
+"""
 
 from __future__ import annotations
 
-import functools
+import atexit
+import gc
 import logging
 import os
+import sys
+import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed import HashStore
 
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
-from distinit.init import _caller, _preflight, _world
-from distinit.init._backend import choose_backend
-from distinit.init._backoff import Backoff
-from distinit.init._boundary import readable
-from distinit.init._bounds import Bounds
-from distinit.init._flight import SingleFlight
-from distinit.init._handover import OVERRUN_GRACE, check_no_leftover
+from distinit.init import _attempt, _loopback
+from distinit.init._attempt import Rendezvous
+from distinit.init._form import choose_backend, claim_of, device_plan, settle
+from distinit.init._heartbeat import Liveness, peer_closed
+from distinit.init._policy import AttemptFailed, Backoff, Bounds, Pace, loss_bound
 from distinit.init._report import AttemptRecord, InitReport
-from distinit.init._session import Rendezvous
+from distinit.init._thread import OVERRUN_GRACE, PROCESS, check_no_leftover
 
 logger = logging.getLogger("distinit.init")
 
-_ONE_AT_A_TIME = SingleFlight("init_with_retry()")
+#: Longest time teardown() spends naming a peer that went away (two beats and the store's round trips).
+LOST_BOUND = 5.0
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One public call's arguments, normalised once on entry (the bounds validated before any effect)."""
+
+    bounds: Bounds
+    backoff: Backoff
+    verify: bool
+
+    @classmethod
+    def of(
+        cls, *, deadline: object, attempt_timeout: object, pg_timeout: object, backoff: Backoff | None, verify: bool
+    ) -> _Call:
+        """Validate and normalise (see :meth:`Bounds.of` for what it raises)."""
+        bounds = Bounds.of(deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout)
+        return cls(bounds=bounds, backoff=backoff or Backoff(), verify=verify)
+
+    @property
+    def patience(self) -> float:
+        """How long a concurrent caller waits for the call in flight."""
+        return self.bounds.deadline + OVERRUN_GRACE
+
+
+class SetupResult(BaseModel):
+    """What :func:`setup` did: the resolved world, how the group formed, and the device bound."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    env: DistEnv = Field(
+        description="The world, resolved from the launcher, verified by the ranks' host identities once the group "
+        "formed (unknown node rank, local world size and node count filled in), and exported to os.environ."
+    )
+    report: InitReport = Field(description="How the process group formed.")
+    device: str = Field(description='The device this rank computes on: "cuda:N" or "cpu".')
+
+
+# Their public home, set once built (pydantic resolves the annotations in the defining module): reprs and
+# pickles never name a private module.
+SetupResult.__module__ = "distinit.init"
 
 
 def init_with_retry(
@@ -76,34 +131,110 @@ def init_with_retry(
         TypeError: a duration is not seconds or a ``timedelta`` (``"600"``, ``True``).
         ValueError: a duration is NaN, zero or negative.
     """
-    bounds = Bounds.of(deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout)
+    call = _Call.of(
+        deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout, backoff=backoff, verify=verify
+    )
     try:
         world = env if env is not None else env_from_scheduler()
         chosen = choose_backend(
             backend, local_rank=world.local_rank, local_world_size=world.local_world_size, device_id=device_id
         )
-        _preflight.check_world(rank=world.rank, world_size=world.world_size)
-        call = functools.partial(
-            _init, world, chosen, bounds=bounds, device_id=device_id, backoff=backoff or Backoff(), verify=verify
-        )
-        return _ONE_AT_A_TIME.run(call, rank=world.rank, patience=bounds.deadline + OVERRUN_GRACE)
+        _loopback.check_world(rank=world.rank, world_size=world.world_size)
+        with PROCESS.flight.lead(what="init_with_retry()", rank=world.rank, patience=call.patience):
+            return _rendezvous(world, chosen, device_id=device_id, call=call)
     except DistinitError as exc:
         raise readable(exc) from None
 
 
-def _init(
-    world: DistEnv,
-    backend: str,
+def setup(
+    backend: str | None = None,
     *,
-    bounds: Bounds,
-    device_id: int | torch.device | None,
-    backoff: Backoff,
-    verify: bool,
-) -> InitReport:
-    """The rendezvous itself, run by one thread of the process at a time."""
+    environ: Mapping[str, str] | None = None,
+    deadline: float | timedelta = 600.0,
+    attempt_timeout: float | timedelta = 30.0,
+    pg_timeout: float | timedelta | None = None,
+    backoff: Backoff | None = None,
+    verify: bool = True,
+    strict: bool = True,
+) -> SetupResult:
+    """Resolve the world, bind the GPU, form the process group, and destroy it at exit. Idempotent.
+
+    The one call at the top of ``main()`` under torchrun, srun, mpirun or a plain ``env://`` launch:
+    ``env_from_scheduler(export=True)``, then ``torch.cuda.set_device`` when CUDA is used (``local_rank``, or
+    ``local_rank % visible`` where the launcher gives each rank GPUs of its own: ``srun --gpus-per-task``),
+    then :func:`init_with_retry` (with ``device_id`` for NCCL, so the communicator is created eagerly and
+    success means NCCL works), and :func:`teardown` registered with ``atexit``. A second call returns the
+    first call's result while the group is alive.
+
+    Args:
+        backend: as :func:`init_with_retry` (None: NCCL if this rank sees a GPU, else gloo).
+        environ: variables to resolve the world from; default ``os.environ``.
+        deadline: total seconds (or ``timedelta``) for rendezvous; ``math.inf``: no limit.
+        attempt_timeout: one attempt's bound.
+        pg_timeout: collective timeout after init (torch default if None).
+        backoff: pause policy between attempts.
+        verify: run one tiny collective after init.
+        strict: passed to :func:`distinit.env_from_scheduler`.
+
+    Returns:
+        A :class:`SetupResult` with the ``DistEnv``, the ``InitReport`` and the device.
+
+    Concurrent calls from several threads run one setup and all return its result (or its error).
+
+    Raises:
+        SchedulerEnvError: the launcher variables are missing or contradictory.
+        RendezvousError: any error of :func:`init_with_retry`.
+        TypeError: a duration is not seconds or a ``timedelta``; nothing was exported or bound.
+        ValueError: a duration is NaN, zero or negative; nothing was exported or bound.
+    """
+    # Validated before any effect (export, device binding): a bad duration changes nothing.
+    call = _Call.of(
+        deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout, backoff=backoff, verify=verify
+    )
+    try:
+        with PROCESS.flight.lead(what="setup()", rank=None, patience=call.patience):
+            return _setup(backend, environ=environ, strict=strict, call=call)
+    except DistinitError as exc:
+        raise readable(exc) from None
+
+
+def _setup(backend: str | None, *, environ: Mapping[str, str] | None, strict: bool, call: _Call) -> SetupResult:
+    """setup() itself, run by one thread of the process at a time."""
+    current = PROCESS.setup
+    if isinstance(current, SetupResult) and dist.is_initialized():
+        return current
+    env = env_from_scheduler(environ, strict=strict, export=True)
+    plan = device_plan(backend, local_rank=env.local_rank, local_world_size=env.local_world_size)
+    device_id: torch.device | None = None
+    device = "cpu"
+    if plan.backend == "nccl" and plan.device is not None:
+        torch.cuda.set_device(plan.device)
+        device_id = torch.device("cuda", plan.device)
+        device = f"cuda:{plan.device}"
+    _loopback.check_world(rank=env.rank, world_size=env.world_size)
+    report = _rendezvous(env, plan.backend, device_id=device_id, call=call)
+    if report.world is not None and report.world != env:
+        # What the world verified (node rank, local world size, node count) replaces the environment's
+        # unknowns in os.environ too, so Lightning and accelerate read the truth.
+        env = report.world
+        env.export()
+    result = SetupResult(env=env, report=report, device=device)
+    PROCESS.setup = result
+    if PROCESS.liveness is not None:  # a group destroyed without teardown(): its watch ends now
+        PROCESS.liveness.stop()
+    PROCESS.liveness = _watch(env.world_size)
+    if not PROCESS.atexit_registered:
+        atexit.register(teardown)
+        PROCESS.atexit_registered = True
+    return result
+
+
+def _rendezvous(world: DistEnv, backend: str, *, device_id: int | torch.device | None, call: _Call) -> InitReport:
+    """The rendezvous itself (both public calls), run by one thread of the process at a time."""
+    bounds = call.bounds
     # An interrupted call winds down at its next check, within one attempt's bound at worst.
     check_no_leftover(world.rank, patience=min(bounds.deadline, bounds.attempt_timeout + OVERRUN_GRACE))
-    if _preflight.check_existing(backend=backend, rank=world.rank, world_size=world.world_size):
+    if _loopback.check_existing(backend=backend, rank=world.rank, world_size=world.world_size):
         master = f"{world.master_addr}:{world.master_port}" if world.master_addr else None
         return InitReport(
             backend=backend,
@@ -114,28 +245,31 @@ def _init(
             elapsed=0.0,
             already_initialized=True,
         )
-    _preflight.check_master(
+    _loopback.check_master(
         master_addr=world.master_addr,
         master_port=world.master_port,
         world_size=world.world_size,
         rank=world.rank,
         launcher=world.launcher,
     )
-    _preflight.check_backend(backend, rank=world.rank)
-    _preflight.check_interfaces(backend, os.environ, rank=world.rank)
-    _preflight.check_advertised_address(backend, world, os.environ)
+    _loopback.check_backend(backend, rank=world.rank)
+    _loopback.check_interfaces(backend, os.environ, rank=world.rank)
+    trap = _loopback.loopback_trap(backend, world, os.environ)  # what gloo would advertise: looked up once
+    _loopback.check_advertised_address(backend, world, os.environ, trap=trap)
     if world.world_size == 1 and not (world.master_addr and world.master_port):
-        return _alone(world, backend, bounds=bounds, device_id=device_id, verify=verify)
+        return _alone(world, backend, bounds=bounds, device_id=device_id, verify=call.verify)
     session = Rendezvous(
         env=world,
         backend=backend,
         bounds=bounds,
         device_id=device_id,
-        verify=verify,
+        verify=call.verify,
         environ=os.environ,
-        backoff=backoff,
+        backoff=call.backoff,
+        call=PROCESS.take_call(),
+        watch_init=trap is not None,
     )
-    _caller.run(session)
+    _attempt.run(session)
     report = _report(session)
     _log_done(report)
     return report
@@ -146,7 +280,7 @@ def _alone(
 ) -> InitReport:
     """A world of one needs no network: a local store, as composer does."""
     started = time.monotonic()
-    verified = _world.settle(env, [_world.claim_of(env, os.environ)]) if verify else None
+    verified = settle(env, [claim_of(env, os.environ)]) if verify else None
     dist.init_process_group(
         backend, store=HashStore(), rank=0, world_size=1, timeout=bounds.init_timeout(), device_id=device_id
     )
@@ -199,3 +333,97 @@ def _log_done(report: InitReport) -> None:
             }
         },
     )
+
+
+def _watch(world_size: int) -> Liveness | None:
+    """Keep the ranks' liveness after setup() (see :class:`~._heartbeat.Liveness`) on the group's store."""
+    default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if world_size < 2 or default_store is None or not dist.is_initialized():
+        return None
+    pace = Pace.for_world(world_size, loss_bound=loss_bound(os.environ))
+    liveness = Liveness(
+        dist.PrefixStore("distinit", default_store()),
+        rank=dist.get_rank(),
+        world_size=world_size,
+        beat=pace.beat,
+        stale=pace.stale,
+    )
+    liveness.start()
+    return liveness
+
+
+def _name_the_lost(liveness: Liveness) -> None:
+    """The process ends on an uncaught collective error from a peer that went away: name the peer (bounded)."""
+    failed = getattr(sys, "last_value", None)
+    if not peer_closed(failed):
+        return
+    found: list[str | None] = []
+    thread = threading.Thread(target=lambda: found.append(liveness.lost(LOST_BOUND)), name="distinit-lost", daemon=True)
+    thread.start()
+    thread.join(LOST_BOUND + 1.0)
+    logger.warning(
+        "rank %d: the collective failed because a peer went away: %s",
+        liveness.rank,
+        found[0] if found and found[0] else f"no rank could be named within {LOST_BOUND:.0f} s",
+        extra={"distinit": {"event": "init.peer_closed", "rank": liveness.rank}},
+    )
+    if liveness.rank == 0:
+        liveness.linger(LOST_BOUND)  # the others read the finding from the store rank 0 hosts
+
+
+def lost_peer(exc: BaseException) -> str | None:
+    """Who went away, when ``exc`` is a collective that failed because a peer did (bounded by :data:`LOST_BOUND`).
+
+    None when ``exc`` is another failure or :func:`setup` does not watch the ranks (it did not form the group).
+    """
+    liveness = PROCESS.liveness
+    if not isinstance(liveness, Liveness) or not peer_closed(exc):
+        return None
+    return liveness.lost(LOST_BOUND)
+
+
+def teardown() -> None:
+    """Destroy the default process group if one exists and forget :func:`setup`'s result. Idempotent.
+
+    At interpreter exit after an uncaught collective error from a peer that went away (gloo's "Connection
+    closed by peer", NCCL's remote errors), it first logs a WARNING naming the rank, host and pid that went
+    away and when it last beat (:class:`~._heartbeat.Liveness`).
+    """
+    PROCESS.setup = None
+    liveness, PROCESS.liveness = PROCESS.liveness, None
+    if liveness is not None:
+        _name_the_lost(liveness)
+        liveness.stop()
+    if dist.is_available() and dist.is_initialized():
+        # Free cyclic garbage that still holds the group (a DDP reducer, say) while the interpreter is
+        # fully alive: left to interpreter shutdown, its native threads may be torn down out of order.
+        gc.collect()
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, AssertionError, ValueError) as exc:
+            logger.warning(
+                "destroy_process_group failed at teardown: %s",
+                exc,
+                extra={"distinit": {"event": "init.teardown_failed", "error": type(exc).__name__}},
+            )
+
+
+def readable(exc: DistinitError) -> DistinitError:
+    """``exc`` ready to be raised ``from None`` at a public function (see the module docstring)."""
+    if exc.cause is None:
+        exc.cause = foreign_cause(exc)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("the error below in full, with what caused it", exc_info=exc)
+    return exc.with_traceback(None)
+
+
+def foreign_cause(exc: BaseException) -> BaseException | None:
+    """The first exception in ``exc``'s chain that is neither a distinit error nor an attempt failure."""
+    seen: set[int] = set()
+    current = exc.__cause__ or exc.__context__
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if not isinstance(current, (DistinitError, AttemptFailed)):
+            return current
+        current = current.__cause__ or current.__context__
+    return None

@@ -1,41 +1,492 @@
-"""The one internal exception for a failed-but-retryable attempt, carrying what the attempt saw."""
+"""The attempt state machine of one ``init_with_retry`` call: reach the store, join, form the group, retry.
+
+One attempt: reach the store (rank 0 hosts it; the others probe and connect), run the join protocol in
+this call's namespace and the store's current generation, then form the group on that generation's
+``PrefixStore``. A failure that waiting may cure is an :class:`AttemptFailed` and is retried with back-off
+until the deadline; a misconfiguration verdict is raised at once. The attempts run in a thread that the
+caller may abandon (:mod:`distinit.init._thread`); :func:`run` starts it and handles how it ended.
+
+The attempt loop (:meth:`Rendezvous.run_attempts`) reads top to bottom: attempt; on a retryable failure,
+:func:`~distinit.init._policy.next_pause` says how long to pause, or that the deadline leaves no room and the
+failure becomes the final error. What each attempt saw is kept in an :class:`AttemptLog`.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import contextlib
+import logging
+import random
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from typing import NoReturn
 
+import torch
+import torch.distributed as dist
+from torch.distributed import Store, TCPStore
+
+from distinit._duration import to_timedelta
 from distinit._foreign import first_line
+from distinit._net import probe
+from distinit.env import DistEnv
+from distinit.errors import RankLostError, RendezvousError, RendezvousTimeoutError
+from distinit.init import _messages, _store
+from distinit.init._form import GroupFormer, InitWatch
+from distinit.init._heartbeat import host_gone
+from distinit.init._join import JoinProtocol, wait_for_key
+from distinit.init._policy import AttemptFailed, Backoff, Bounds, Grace, loss_bound, next_pause, quote
+from distinit.init._report import AttemptRecord, Phase
+from distinit.init._store import SPECIFIC, Master, connect_store, specific_error
+from distinit.init._thread import PROCESS, Abandoned, Handover, leave_behind, run_guarded
 
-#: Why an attempt failed in a way that waiting may cure.
-FailureKind = Literal[
-    "refused",  # nothing listens on MASTER_PORT yet (master not up)
-    "dns",  # MASTER_ADDR does not resolve (yet)
-    "unreachable",  # no route to MASTER_ADDR
-    "timeout",  # connects time out: packets vanish (black hole)
-    "foreign",  # a non-TCPStore program listens on MASTER_PORT
-    "port_busy",  # rank 0 cannot bind MASTER_PORT
-    "store",  # the store connection failed or was lost
-    "join",  # not every rank joined within the attempt
-    "init",  # torch's init_process_group (or the check collective) failed after a complete join
-]
-
-
-class AttemptFailed(Exception):
-    """An attempt ended without a group, for a reason that may go away; never escapes ``init_with_retry``.
-
-    Attributes:
-        kind: the failure class (see :data:`FailureKind`).
-        detail: one line saying what was seen, with values.
-        missing_ranks: ranks not joined when the attempt ended (join failures only).
-    """
-
-    def __init__(self, kind: FailureKind, detail: str, *, missing_ranks: tuple[int, ...] = ()) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind: FailureKind = kind
-        self.detail = detail
-        self.missing_ranks = missing_ranks
+logger = logging.getLogger("distinit.init")
 
 
-def quote(exc: BaseException) -> str:
-    """A foreign error (torch, gloo, the OS) as ``Type: first line`` for an attempt's detail."""
-    return f"{type(exc).__name__}: {first_line(exc, limit=200)}"
+# the launcher's count ------------------------------------------------------------------------------------------
+#: The variables that hold a launcher's process count, innermost launcher first.
+_COUNT_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def _count(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def launched(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    """``(count, "VAR=count")`` of the processes the launcher started, or None when no launcher says."""
+    if environ.get("TORCHELASTIC_RUN_ID"):
+        local, nodes = _count(environ, "LOCAL_WORLD_SIZE"), _count(environ, "GROUP_WORLD_SIZE")
+        if local is None or nodes is None:
+            return None
+        return local * nodes, f"torchrun: LOCAL_WORLD_SIZE={local} x {nodes} node(s)"
+    for name in _COUNT_VARIABLES:
+        count = _count(environ, name)
+        if count is not None:
+            return count, f"{name}={count}"
+    return None
+
+
+# the attempts' records -----------------------------------------------------------------------------------------
+class AttemptLog:
+    """What each attempt of one call saw, for the report, the error message and the log."""
+
+    def __init__(self, *, rank: int, master: str, start: float, deadline_at: float) -> None:
+        self.rank = rank
+        self.master = master
+        self.start = start
+        self.deadline_at = deadline_at
+        self.records: list[AttemptRecord] = []
+
+    def record(
+        self, *, number: int, begun: float, phase: Phase, generation: int | None, exc: BaseException | None
+    ) -> None:
+        """Append the record of attempt ``number`` (``exc`` None: it formed the group)."""
+        failure = exc if isinstance(exc, AttemptFailed) else None
+        self.records.append(
+            AttemptRecord(
+                number=number,
+                generation=generation,
+                phase=phase,
+                elapsed=round(time.monotonic() - begun, 4),
+                started_at=round(begun - self.start, 4),
+                error=None if exc is None else (failure.kind if failure else type(exc).__name__),
+                message=None if exc is None else first_line(failure.detail if failure else exc),
+                missing_ranks=failure.missing_ranks if failure else (),
+            )
+        )
+
+    def mark_retried(self) -> None:
+        """The last attempt was followed by another."""
+        last = self.records[-1]
+        self.records[-1] = AttemptRecord.model_validate({**last.model_dump(), "retried": True})
+
+    def last_missing(self) -> tuple[int, ...]:
+        """The missing ranks of the latest attempt that counted them (empty if none did)."""
+        return next((r.missing_ranks for r in reversed(self.records) if r.missing_ranks), ())
+
+    def lines(self) -> list[str]:
+        """One line per failed attempt, for the error message."""
+        return [
+            f"#{r.number} {r.phase} {r.elapsed:.1f} s{'' if r.error == r.phase else f' ({r.error})'}: {r.message}"
+            for r in self.records
+            if r.error
+        ]
+
+    def log_failure(
+        self, number: int, failure: AttemptFailed, pause: float | None, *, phase: str, generation: int | None
+    ) -> None:
+        """The one structured record of a failed attempt (``pause`` None: the deadline ends the wait)."""
+        phase = self.records[-1].phase if self.records else phase
+        left = max(self.deadline_at - time.monotonic(), 0.0)
+        then = f"retrying in {pause:.1f} s, {left:.0f} s left" if pause is not None else "the deadline ends the wait"
+        logger.warning(
+            "rank %d: rendezvous attempt %d at %s failed in %s (%s: %s); %s",
+            self.rank,
+            number,
+            self.master,
+            phase,
+            failure.kind,
+            failure.detail,
+            then,
+            extra={
+                "distinit": {
+                    "event": "init.attempt_failed",
+                    "rank": self.rank,
+                    "attempt": number,
+                    "phase": phase,
+                    "error": failure.kind,
+                    "message": failure.detail,
+                    "missing_ranks": list(failure.missing_ranks[:64]),
+                    "generation": generation,
+                    "elapsed_s": round(time.monotonic() - self.start, 3),
+                    "pause_s": None if pause is None else round(pause, 3),
+                    "left_s": round(left, 3),
+                }
+            },
+        )
+
+
+# one rendezvous call -------------------------------------------------------------------------------------------
+class Rendezvous:
+    """The state of one ``init_with_retry`` call: store, join protocol, attempt records."""
+
+    def __init__(
+        self,
+        *,
+        env: DistEnv,
+        backend: str,
+        bounds: Bounds,
+        device_id: int | torch.device | None,
+        verify: bool,
+        environ: Mapping[str, str],
+        backoff: Backoff,
+        call: tuple[int, bool],
+        watch_init: bool,
+    ) -> None:
+        """``call``: this call's number, and whether it resumes an interrupted call's (``Process.take_call``).
+
+        ``watch_init``: gloo may meet the loopback trap here, so a peer's verdict is watched for during init.
+        """
+        self.start = time.monotonic()
+        self.bounds, self.backend, self.backoff = bounds, backend, backoff
+        self.deadline_at = self.start + bounds.deadline
+        self.rank, self.world_size = env.rank, env.world_size
+        self.master = Master(addr=env.master_addr or "127.0.0.1", port=env.master_port or 0, rank=env.rank)
+        self.agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        self.hosting = self.rank == 0 and not self.agent
+        job = env.job_id or environ.get("TORCHELASTIC_RUN_ID") or "job"
+        self.launched = launched(environ)
+        self.loss_bound = loss_bound(environ)
+        number, self.resumed = call
+        self.namespace = f"distinit/{job}/{env.restart_count}/c{number}/"
+        self.rng = random.Random()
+        self.grace = Grace(foreign=bounds.attempt_timeout)
+        self.handover = Handover()
+        self.former = GroupFormer(
+            backend=backend, env=env, environ=environ, bounds=bounds, device_id=device_id, verify=verify
+        )
+        self.watch = InitWatch(self.master, env=env, hosting=self.hosting, enabled=watch_init)
+        self.log = AttemptLog(rank=self.rank, master=self.master.name, start=self.start, deadline_at=self.deadline_at)
+        self.store: TCPStore | None = None
+        self.join: JoinProtocol | None = None
+        self.last_join: JoinProtocol | None = None
+        self.generation: int | None = None
+        self._phase: Phase = "store"
+        self._attempt = (0, self.start)  # (number, monotonic start) of the attempt in progress
+        self._paused_at: float | None = None  # set while pausing between attempts
+        #: What ended the attempts, for the caller (None: the group formed).
+        self.raised: BaseException | None = None
+
+    # one attempt ----------------------------------------------------------------------------------
+    def attempt(self, number: int) -> None:
+        """Run attempt ``number``; raise :class:`AttemptFailed` (retried) or a verdict (not retried)."""
+        self.handover.check()
+        begun = time.monotonic()
+        self._attempt, self._paused_at = (number, begun), None
+        end = min(begun + self.bounds.attempt_timeout, self.deadline_at)
+        self._phase = "store" if self.hosting else "probe"
+        try:
+            try:
+                join, generation = self._join(end)
+                self.handover.check()  # the caller gave up while the last rank joined: never form the group
+                # Every rank joined: init gets a bound of its own. Ranks that waited long for a late peer
+                # would otherwise start init with scraps of their attempt while the late rank has all of
+                # its own, give up first, and fall a generation out of phase with it.
+                self._phase = "init"
+                formed_by = min(time.monotonic() + self.bounds.attempt_timeout, self.deadline_at)
+                with self.watch.during(join.namespace, generation):  # a peer's verdict ends a blocked init
+                    self.former.form(join, generation, end=formed_by)
+                if self.former.verify:
+                    self._phase = "verify"
+                self.former.check(join, generation, end=formed_by)
+            except (dist.DistError, RuntimeError, OSError) as exc:
+                gone = self._host_gone()
+                if gone is not None:
+                    raise gone from exc
+                raise self._lost(exc) from exc
+        except (AttemptFailed, RendezvousError) as exc:
+            self.log.record(number=number, begun=begun, phase=self._phase, generation=self.generation, exc=exc)
+            if isinstance(exc, AttemptFailed):
+                _store.escalate(self.grace, exc, since=time.monotonic(), master=self.master)
+            raise
+        if not self.handover.claim():
+            self.former.undo()  # the caller already gave up: never leave a group behind it
+            raise Abandoned
+        self._phase = "done"
+        self.log.record(number=number, begun=begun, phase="done", generation=self.generation, exc=None)
+
+    def _join(self, end: float) -> tuple[JoinProtocol, int]:
+        """Reach the store if needed and run the join protocol; the generation every rank joined."""
+        if self.join is None:
+            self._open_store(end)
+        join, store = self.join, self.store
+        if join is None or store is None:  # pragma: no cover - _open_store sets both or raises
+            raise AttemptFailed("store", "no store")
+        # A failed init restored the collective timeout on the store: bound this attempt's calls again.
+        store.set_timeout(to_timedelta(max(end - time.monotonic(), 1.0)))
+        self._phase = "join"
+        self.generation = generation = join.generation()
+        join.enter(generation)
+        join.wait(generation, end - time.monotonic(), sleep=self.handover.sleep)
+        return join, generation
+
+    def _open_store(self, end: float) -> None:
+        if self.hosting:
+            try:
+                store = _store.host(self.master, end=end)
+            except AttemptFailed as failure:
+                if failure.kind == "port_busy":
+                    self._claim_as_duplicate_master(end)
+                raise
+        else:
+            store = _store.connect(self.master, end=end, grace=self.grace, rng=self.rng, sleep=self.handover.sleep)
+        self.store, self.join = store, self._protocol(store)
+        self.last_join = self.join  # what the join counted stays readable after the store is dropped
+
+    def _claim_as_duplicate_master(self, end: float) -> None:
+        """MASTER_PORT is taken: if its holder is a TCPStore where rank 0 is claimed, this is a duplicate rank 0.
+
+        Then joining as a client publishes (and raises) ``DuplicateRankError`` naming both rank-0 processes.
+        """
+        port = self.master.port
+        seen = probe("127.0.0.1", port, min(2.0, max(end - time.monotonic(), 0.1)), handshake_timeout=1.0)
+        if seen.kind != "tcpstore":
+            return
+        try:
+            store = connect_store("127.0.0.1", port, timeout=min(5.0, max(end - time.monotonic(), 0.5)))
+        except AttemptFailed:
+            return
+        join = self._protocol(store, hosting=False)
+        generation = join.generation()
+        if store.check([f"{join.namespace}g{generation}/claim/0"]):
+            join.enter(generation)
+
+    def _protocol(self, store: Store, *, hosting: bool | None = None) -> JoinProtocol:
+        return JoinProtocol(
+            store,
+            namespace=self.namespace,
+            rank=self.rank,
+            world_size=self.world_size,
+            master=self.master.name,
+            hosting=self.hosting if hosting is None else hosting,
+            deadline=self.bounds.deadline,
+            resumed=self.resumed,
+            launched=self.launched,
+            loss_bound=self.loss_bound,
+        )
+
+    def _host_gone(self) -> RankLostError | None:
+        """This rank joined and the store failed: is its host, rank 0, gone? (see :mod:`._host_lost`)."""
+        join, generation = self.join, self.generation
+        if self.hosting or self.agent or join is None or generation is None:
+            return None
+        claimant = join.host_claimant
+        if not join.beating or claimant is None:
+            return None  # not waiting in an incomplete join with rank 0 in it: the attempts handle it
+        frozen = join.frozen_for()
+        join.stop_beating()
+        if frozen is not None:
+            # This process did not run for longer than the loss bound: rank 0 declared it lost, published
+            # that verdict and left. The verdict is about this rank, never rank 0.
+            return _messages.frozen_self(
+                rank=self.rank,
+                claimant=join.me.describe(join.me.encode()),
+                frozen_for=frozen,
+                stale=join.pace.stale,
+                master=self.master.name,
+                generation=generation,
+            )
+        return host_gone(
+            self.master, claimant=claimant, generation=generation, end=self.deadline_at, sleep=self.handover.sleep
+        )
+
+    def _lost(self, exc: BaseException) -> AttemptFailed:
+        """A torch/socket error outside the phases that translate their own: the store failed."""
+        if not self.hosting:
+            # The connection (or the host) went away: reconnect on the next attempt.
+            if self.join is not None:
+                self.join.stop_beating()
+            self.store, self.join = None, None
+        return AttemptFailed("store", f"the store at {self.master.name} failed during {self._phase}: {quote(exc)}")
+
+    # between attempts -----------------------------------------------------------------------------
+    def pause(self, seconds: float) -> None:
+        """Sleep between attempts, but wake at once if the world completes meanwhile (joined ranks)."""
+        self._paused_at = time.monotonic()
+        end = self._paused_at + seconds
+        join, generation, records = self.join, self.generation, self.log.records
+        if join is not None and generation is not None and records and records[-1].phase == "join":
+            state = f"{join.namespace}g{generation}/state"
+            with contextlib.suppress(dist.DistError):  # the store went away: sleep out the pause
+                if wait_for_key(join.store, state, end, sleep=self.handover.sleep, poll=join.pace.poll):
+                    return
+        self.handover.sleep(end - time.monotonic())
+
+    def give_up(self, last: AttemptFailed) -> NoReturn:
+        """The deadline leaves no room for another attempt: raise the specific error or the timeout."""
+        self.log.log_failure(len(self.log.records), last, None, phase=self._phase, generation=self.generation)
+        if last.kind in SPECIFIC:
+            raise specific_error(last, time.monotonic() - self.start, self.master) from last
+        # The last attempt may have failed before it could count (e.g. the store host reached its own
+        # deadline first and went away): name who was missing when last seen.
+        missing = last.missing_ranks or self.log.last_missing() or ((0,) if last.kind == "refused" else ())
+        raise self.timeout_error(missing=missing, attempts=self.log.lines(), last_kind=last.kind) from last
+
+    def timeout_error(
+        self, *, missing: tuple[int, ...], attempts: list[str], blocked: str | None = None, last_kind: str | None = None
+    ) -> RendezvousTimeoutError:
+        join = self.last_join
+        return _messages.rendezvous_timeout(
+            rank=self.rank,
+            world_size=self.world_size,
+            master=self.master.name,
+            deadline=self.bounds.deadline,
+            missing=missing,
+            attempts=attempts,
+            generation=self.generation,
+            blocked=blocked,
+            last_kind=last_kind,
+            hint=join.hint(missing, final=True) if join is not None else None,
+        )
+
+    # the thread's body and what the caller may ask -------------------------------------------------
+    def run_attempts(self, device: int | None = None) -> None:
+        """The body of the rendezvous thread: attempt until the group forms, a verdict, or the deadline.
+
+        What ended it is kept in :attr:`raised` for the caller. ``device``: the caller's CUDA device (the
+        current device is per thread: carried over).
+        """
+        try:
+            try:
+                if device is not None:
+                    torch.cuda.set_device(device)
+                self._attempt_until_formed()
+            finally:  # however it ended, this rank no longer waits in the join
+                if self.join is not None:
+                    self.join.stop_beating()
+        except BaseException as exc:  # handed to the caller
+            if not self.handover.abandoned:
+                self.raised = exc
+                return
+            # The caller gave up and holds no reference to this outcome: drop the store (closing the
+            # client, or stopping the server on rank 0) so that no peer meets this call any more. The
+            # frames of the traceback hold it too, in reference cycles
+            # that only a full garbage collection would free: clear their locals now.
+            self.store, self.join, self.last_join = None, None, None
+            _clear_frames(exc)
+
+    def _attempt_until_formed(self) -> None:
+        """Attempt until the group forms; a verdict ends it at once, the deadline with :meth:`give_up`."""
+        number = 0
+        while True:
+            number += 1
+            try:
+                self.attempt(number)
+                return
+            except AttemptFailed as failure:
+                pause = next_pause(number, deadline_at=self.deadline_at, backoff=self.backoff, rng=self.rng)
+                if pause is None:
+                    self.give_up(failure)
+                self.log.mark_retried()
+                self.log.log_failure(number, failure, pause, phase=self._phase, generation=self.generation)
+            self.pause(pause)
+
+    def position(self) -> tuple[int, str, str, float]:
+        """Where the attempts are now: (attempt number, phase or "the pause", in words, seconds there)."""
+        number, begun = self._attempt
+        paused_at, now = self._paused_at, time.monotonic()
+        if paused_at is not None:
+            words = f"the pause after attempt {number} blocked on the store for {now - paused_at:.1f} s"
+            return number, "the pause", words, now - paused_at
+        return number, self._phase, f"attempt {number} blocked in {self._phase} for {now - begun:.1f} s", now - begun
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Drop the locals of every finished frame in ``exc``'s traceback and in its chained causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+# the caller's side ----------------------------------------------------------------------------------------------
+def run(session: Rendezvous) -> None:
+    """Run ``session``'s attempts in a guarded thread; return once the group formed, or raise what ended them."""
+    device = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        device = torch.cuda.current_device()
+    name = f"distinit-rendezvous-rank{session.rank}"
+    thread = threading.Thread(target=session.run_attempts, args=(device,), name=name, daemon=True)
+    outcome = run_guarded(
+        thread, deadline_at=session.deadline_at, handover=session.handover, early=session.watch.verdict
+    )
+    if outcome.kind == "interrupted":
+        _interrupted(session, thread, formed=outcome.formed)
+    elif outcome.kind == "verdict":
+        leave_behind(thread, f"{name}: still in a native call after a peer's verdict", stuck=True)
+    elif outcome.kind == "overrun" and session.raised is None:  # (else it ended on its own verdict just now)
+        raise _overrun(session, thread)
+    error = outcome.error or session.raised
+    if error is not None:
+        raise error
+
+
+def _overrun(session: Rendezvous, thread: threading.Thread) -> RendezvousTimeoutError:
+    """The thread is still blocked past the deadline: leave it behind and name what it is blocked in."""
+    number, phase, blocked, lasted = session.position()
+    leave_behind(thread, f"{blocked} at {session.master.name}", stuck=True)
+    error = session.timeout_error(
+        missing=session.log.last_missing(),
+        attempts=[*session.log.lines(), f"#{number} {phase} {lasted:.1f} s: blocked, abandoned"],
+        blocked=blocked,
+    )
+    logger.error(
+        "rank %d: rendezvous at %s abandoned %.1f s past the deadline: %s",
+        session.rank,
+        session.master.name,
+        time.monotonic() - session.deadline_at,
+        blocked,
+        extra={
+            "distinit": {
+                "event": "init.abandoned",
+                "rank": session.rank,
+                "attempt": number,
+                "phase": phase,
+                "generation": session.generation,
+                "elapsed_s": round(time.monotonic() - session.start, 3),
+            }
+        },
+    )
+    return error
+
+
+def _interrupted(session: Rendezvous, thread: threading.Thread, *, formed: bool) -> None:
+    """The caller's wait was interrupted: no group may outlive that, and the call never happened."""
+    if formed:
+        thread.join()  # only the bookkeeping is left; then undo the group the caller will never see
+        session.former.undo()
+        return
+    PROCESS.resume = True
+    leave_behind(thread, f"interrupted, {session.position()[2]} at {session.master.name}", stuck=False)

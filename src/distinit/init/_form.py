@@ -9,23 +9,41 @@ feature-detected). A failed init is undone completely, including torch's leaked 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
 import logging
+import os
+import socket
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from pydantic import ValidationError
+from torch.distributed import TCPStore
 
+from distinit._board import Board
 from distinit._duration import to_timedelta
+from distinit._identity import (
+    Conflict,
+    HostIdentity,
+    HostSlot,
+    NodeLayout,
+    RankClaim,
+    group_ranks,
+    local_identity,
+    shared_gpus,
+)
+from distinit._net import interfaces
 from distinit.env import DistEnv
-from distinit.errors import RendezvousError, SchedulerEnvError
-from distinit.init._attempt import AttemptFailed, quote
-from distinit.init._backend import device_uuid
-from distinit.init._bounds import Bounds
-from distinit.init._init_verdict import classify_init_failure
+from distinit.errors import ConflictingEnvError, RendezvousError, SchedulerEnvError
+from distinit.init import _loopback, _messages
 from distinit.init._join import JoinProtocol
-from distinit.init._world import claim_of, exchange, settle
+from distinit.init._policy import AttemptFailed, Bounds, quote
+from distinit.init._store import Master
 
 logger = logging.getLogger("distinit.init")
 
@@ -114,8 +132,8 @@ class GroupFormer:
         #: How often torch's leaked group counter was reset (reported as ``group_counter_reset``).
         self.counter_resets = 0
 
-    def form(self, join: JoinProtocol, generation: int, *, end: float, verifying: Callable[[], None]) -> None:
-        """Form the group on ``generation``'s keys within ``end`` (monotonic); ``verifying()`` marks the check.
+    def form(self, join: JoinProtocol, generation: int, *, end: float) -> None:
+        """Form the group on ``generation``'s keys within ``end`` (monotonic); :meth:`check` it next.
 
         Raises:
             RendezvousError: ``init_process_group`` rejected its arguments (never retried).
@@ -123,22 +141,43 @@ class GroupFormer:
         """
         store = join.store
         bound = to_timedelta(max(end - time.monotonic(), 1.0))
-        store.set_timeout(bound)
+        store.set_timeout(bound)  # the store keeps this bound through the check (NCCL's lazy communicator)
+        try:
+            with self._undone_on_failure(join, generation):
+                init_group(
+                    self.backend,
+                    store=dist.PrefixStore(join.prefix(generation), store),
+                    rank=self.env.rank,
+                    world_size=self.env.world_size,
+                    bound=bound,
+                    init_timeout=self.bounds.init_timeout(),
+                    device_id=self.device_id,
+                )
+        except BaseException:
+            store.set_timeout(self.bounds.collective_timeout(self.backend))
+            raise
+
+    def check(self, join: JoinProtocol, generation: int, *, end: float) -> None:
+        """The check collective (if ``verify``) on the formed group, then its collective timeout.
+
+        Raises:
+            ConflictingEnvError: the ranks' host identities disagree with the environment (a verdict).
+            AttemptFailed: (kind ``init``) the collective failed; the generation was bumped.
+        """
         collective = self.bounds.collective_timeout(self.backend)
         try:
-            init_group(
-                self.backend,
-                store=dist.PrefixStore(join.prefix(generation), store),
-                rank=self.env.rank,
-                world_size=self.env.world_size,
-                bound=bound,
-                init_timeout=self.bounds.init_timeout(),
-                device_id=self.device_id,
-            )
-            if self.verify:
-                verifying()
-                self.world = self._verified(end)
-            set_collective_timeout(collective)
+            with self._undone_on_failure(join, generation):
+                if self.verify:
+                    self.world = self._verified(end)
+                set_collective_timeout(collective)
+        finally:
+            join.store.set_timeout(collective)
+
+    @contextlib.contextmanager
+    def _undone_on_failure(self, join: JoinProtocol, generation: int) -> Iterator[None]:
+        """Undo a failed init or check completely, and say what the failure means for the attempts."""
+        try:
+            yield
         except (SchedulerEnvError, RendezvousError):
             self.undo()  # the world disagrees with the environment: a verdict, the same on every rank
             raise
@@ -164,8 +203,6 @@ class GroupFormer:
                 "init",
                 f"init_process_group failed in generation {generation} after every rank joined: {quote(exc)}",
             ) from exc
-        finally:
-            store.set_timeout(collective)
 
     def _verified(self, end: float) -> DistEnv:
         """Exchange host identities (the check collective) and settle the world they describe."""
@@ -186,3 +223,419 @@ class GroupFormer:
         """Destroy the group this call formed (if any) and reset torch's leaked counter."""
         if destroy_group(self.env.rank):
             self.counter_resets += 1
+
+
+# --- backend: The one backend and device choice: which backend a rank uses and which GPU it binds.
+# :func:`plan_device` is pure: it decides from what one rank sees (how many CUDA devices, its
+# ``CUDA_VISIBLE_DEVICES``, its ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``) and the backend asked for.
+# :func:`choose_backend` reads those facts from torch and the environment.
+@dataclass(frozen=True)
+class DevicePlan:
+    """What one rank uses: the backend, and the CUDA index it binds (None: it computes on the CPU)."""
+
+    backend: str
+    device: int | None = None
+
+
+def plan_device(
+    backend: str | None,
+    *,
+    visible: int,
+    cuda_visible_devices: str | None,
+    local_rank: int,
+    local_world_size: int | None,
+) -> DevicePlan:
+    """The backend and the device of one rank, from what it sees. Pure.
+
+    * a backend other than NCCL is named: that backend on the CPU;
+    * no backend named and no device visible: gloo on the CPU;
+    * the rank sees at least as many devices as its host runs ranks (``LOCAL_WORLD_SIZE``, or at least
+      ``LOCAL_RANK + 1``): NCCL on ``cuda:LOCAL_RANK`` (every rank sees every GPU of the host);
+    * it sees fewer, and the launcher gave it devices of its own (``CUDA_VISIBLE_DEVICES`` set: Slurm's
+      ``--gpus-per-task``, a per-rank wrapper): NCCL on ``cuda:LOCAL_RANK % visible`` (``cuda:0`` with
+      one device each). Two ranks that land on one physical GPU anyway are refused once the group
+      exists, by GPU UUID (:func:`distinit._identity.shared_gpus`).
+
+    Raises:
+        ConflictingEnvError: the rank sees fewer devices than its host runs ranks and no
+            ``CUDA_VISIBLE_DEVICES`` (every rank sees the same devices), and NCCL is named or would be
+            chosen: ranks would share a GPU. Every rank of the host computes the same facts, so every one
+            raises the same error at once.
+    """
+    if backend not in (None, "nccl"):
+        return DevicePlan(backend)
+    if visible == 0:
+        # Named NCCL without a device: binding cuda:LOCAL_RANK fails in torch with its own message.
+        return DevicePlan("gloo") if backend is None else DevicePlan("nccl", local_rank)
+    here = max(local_rank + 1, local_world_size or 0)
+    if visible >= here:
+        return DevicePlan("nccl", local_rank)
+    if cuda_visible_devices:
+        return DevicePlan("nccl", local_rank % visible)
+    raise ConflictingEnvError(
+        f"{here} ranks on this host (LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world_size}) but "
+        f"{visible} CUDA device(s) visible to each (CUDA_VISIBLE_DEVICES is unset), with "
+        f"{'NCCL named' if backend else 'no backend named (NCCL chosen where CUDA exists)'}: "
+        f"ranks would share a GPU",
+        variables=("LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"),
+        why="the launcher starts more ranks per host than this host has GPUs, and every rank sees the same "
+        "GPUs: NCCL refuses two ranks on one GPU",
+        fix=f"launch at most {visible} rank(s) per host (torchrun --nproc-per-node={visible}, "
+        "srun --ntasks-per-node), or give each rank GPUs of its own (srun --gpus-per-task=1, or "
+        "CUDA_VISIBLE_DEVICES per rank), or name the backend for a CPU job: setup('gloo') / "
+        "init_with_retry('gloo')",
+    )
+
+
+def choose_backend(
+    backend: str | None,
+    *,
+    local_rank: int,
+    local_world_size: int | None = None,
+    device_id: int | torch.device | None = None,
+) -> str:
+    """``backend`` if given; NCCL when ``device_id`` is given; else :func:`plan_device`'s choice.
+
+    :func:`distinit.setup` binds the GPU exactly when its plan says NCCL, so both agree by construction.
+
+    Raises:
+        ConflictingEnvError: no backend named and ranks would share a GPU (see :func:`plan_device`).
+    """
+    if backend is not None:
+        return backend
+    if device_id is not None:
+        return "nccl"
+    return device_plan(backend, local_rank=local_rank, local_world_size=local_world_size).backend
+
+
+def device_plan(backend: str | None, *, local_rank: int, local_world_size: int | None) -> DevicePlan:
+    """:func:`plan_device` over this process's facts (torch's device count, ``CUDA_VISIBLE_DEVICES``)."""
+    visible = torch.cuda.device_count() if backend is not None or torch.cuda.is_available() else 0
+    return plan_device(
+        backend,
+        visible=visible,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+    )
+
+
+def device_uuid(index: int) -> str:
+    """The UUID of CUDA device ``index`` (the physical GPU, whatever ``CUDA_VISIBLE_DEVICES`` renumbers)."""
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+# --- world: The world's own truth: every rank's host identity, exchanged once the group exists.
+# The environment can only guess a node rank (Open MPI and MPICH name no node; a user's ``NODE_RANK`` may
+# be wrong on one machine); the ranks together know it. Right after ``init_process_group`` every rank
+# contributes one fixed-size row (its host identity and what its environment claims) to one ``all_gather``:
+# that collective replaces the old check ``all_reduce``, so success still means the fabric works, and it
+# costs one small collective. :func:`settle` then derives node rank, local rank, local world size and node
+# count from the identities (:func:`distinit._identity.group_ranks`, torchrun's assignment), fills what the
+# environment left unknown, and raises :class:`ConflictingEnvError` when the environment disagrees with the
+# world. Every rank sees the same rows, so every rank raises the same error.
+#
+# Rows are JSON validated by pydantic (never pickle) with a fixed size, so a hostile or broken peer can send
+# garbage but cannot make this rank allocate more than ``ROW`` bytes per rank.
+#: Bytes each rank contributes: a magic, a 4-byte length, the JSON claim, zero padding.
+ROW = 1024
+MAGIC = b"distinit/world/1"
+#: A launcher node name longer than this travels as its digest (names stay distinct, rows stay small).
+MAX_NAME = 200
+#: What ``DistEnv.sources`` says of a value derived from the ranks' host identities.
+SOURCE = "world: host identity"
+
+
+def claim_of(
+    env: DistEnv, environ: Mapping[str, str], identity: HostIdentity | None = None, *, gpu: str | None = None
+) -> RankClaim:
+    """This rank's row: its host identity and what its environment says about its place in the world.
+
+    ``identity`` defaults to ``local_identity(environ)`` (the doctor passes the one it already read);
+    ``gpu`` is the UUID of the GPU this rank bound, if any.
+    """
+    identity = local_identity(environ) if identity is None else identity
+    if identity.launcher_node is not None and len(identity.launcher_node) > MAX_NAME:
+        digest = hashlib.blake2b(identity.launcher_node.encode(), digest_size=16).hexdigest()
+        identity = identity.model_copy(update={"launcher_node": f"{identity.launcher_node[:64]}...{digest}"})
+    return RankClaim(
+        rank=env.rank,
+        identity=identity,
+        node_rank=env.node_rank,
+        local_rank=env.local_rank,
+        local_world_size=env.local_world_size,
+        num_nodes=env.num_nodes,
+        gpu=gpu,
+    )
+
+
+def _encode(claim: RankClaim) -> bytes:
+    raw = claim.model_dump_json(exclude_none=True).encode()
+    if len(MAGIC) + 4 + len(raw) > ROW:  # pragma: no cover - MAX_NAME and HOST_NAME_MAX keep a claim small
+        raise ValueError(f"rank {claim.rank}'s host identity is {len(raw)} bytes, over the {ROW}-byte row")
+    return (MAGIC + len(raw).to_bytes(4, "little") + raw).ljust(ROW, b"\0")
+
+
+def _decode(row: bytes, index: int, *, rank: int) -> RankClaim:
+    """Rank ``index``'s claim from its row; a malformed row is named, never trusted."""
+    size = int.from_bytes(row[len(MAGIC) : len(MAGIC) + 4], "little")
+    start = len(MAGIC) + 4
+    try:
+        if not row.startswith(MAGIC) or size > ROW - start:
+            raise ValueError("not a distinit identity row")
+        claim = RankClaim.model_validate_json(row[start : start + size])
+        if claim.rank != index:
+            raise ValueError(f"the row claims rank {claim.rank}")
+    except (ValueError, ValidationError) as exc:
+        raise RendezvousError(
+            f"rank {rank}: rank {index} sent a malformed host identity row ({str(exc).splitlines()[0]})",
+            rank=rank,
+            why="the peer runs another distinit version, or something other than distinit joined the group.",
+            fix="run the same distinit version on every rank.",
+        ) from None
+    return claim
+
+
+def exchange(
+    claim: RankClaim, *, backend: str, device_id: int | torch.device | None, world_size: int, end: float
+) -> list[RankClaim]:
+    """Every rank's claim, in rank order: one ``all_gather`` of ``ROW`` bytes within ``end`` (monotonic).
+
+    Raises:
+        RuntimeError: the collective did not complete in time (the fabric does not work).
+        RendezvousError: a peer's row is malformed.
+    """
+    device: torch.device | None = None
+    if isinstance(device_id, torch.device):
+        device = device_id
+    elif isinstance(device_id, int):
+        device = torch.device("cuda", device_id)
+    elif backend == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.frombuffer(bytearray(_encode(claim)), dtype=torch.uint8).to(device)
+    rows = torch.empty(world_size * ROW, dtype=torch.uint8, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
+    work = gather(rows, mine, async_op=True)
+    if work is None or not work.wait(timeout=to_timedelta(max(end - time.monotonic(), 1.0))):
+        raise RuntimeError("the identity all_gather did not complete")
+    host = rows.cpu().contiguous()
+    data = ctypes.string_at(host.data_ptr(), host.numel())  # not .numpy(): torch does not require numpy
+    return [_decode(data[i * ROW : (i + 1) * ROW], i, rank=claim.rank) for i in range(world_size)]
+
+
+def _out_of_range(layout: NodeLayout, claimed: Mapping[HostIdentity, int]) -> list[str]:
+    """Node ranks claimed beyond the hosts there are (``NODE_RANK=3`` in a world of two hosts)."""
+    return [
+        f"host {h.label} (ranks {_span(h.ranks)}) claims node rank {claimed[h.identity]} but the ranks run on "
+        f"{layout.num_nodes} hosts"
+        for h in layout.hosts
+        if claimed.get(h.identity, 0) >= layout.num_nodes
+    ]
+
+
+def _conflict_error(layout: NodeLayout, extra: Sequence[str], world_size: int) -> ConflictingEnvError:
+    lines = "; ".join([*(conflict.message for conflict in layout.conflicts), *extra])
+    hosts = ", ".join(f"{h.label} = ranks {_span(h.ranks)}" for h in layout.hosts)
+    return ConflictingEnvError(
+        f"the environment disagrees with where the {world_size} ranks really run: {lines}",
+        variables=("NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+        why=f"the ranks' host identities (hostname, boot_id, launcher node) say: {hosts}. Node ranks derived "
+        "from a wrong NODE_RANK give two ranks the same global rank in frameworks that compute "
+        "NODE_RANK * devices + LOCAL_RANK (Lightning), and put two processes on one GPU.",
+        fix="unset NODE_RANK/GROUP_RANK/LOCAL_RANK/LOCAL_WORLD_SIZE where the launcher sets its own, or export "
+        "the values of the hosts above (setup() derives what is left unknown).",
+    )
+
+
+def _shared_gpu_error(shared: Sequence[Conflict]) -> ConflictingEnvError:
+    return ConflictingEnvError(
+        f"two ranks bound one GPU: {'; '.join(conflict.message for conflict in shared)}",
+        variables=("CUDA_VISIBLE_DEVICES", "LOCAL_RANK"),
+        why="each rank binds cuda:LOCAL_RANK, or cuda:LOCAL_RANK % visible where it sees fewer GPUs than its host "
+        "runs ranks (per-rank CUDA_VISIBLE_DEVICES, srun --gpus-per-task): these ranks' visible devices overlap, "
+        "so they landed on one physical GPU",
+        fix="give each rank a GPU of its own (srun --gpus-per-task=1 without an exported CUDA_VISIBLE_DEVICES, or "
+        "unset CUDA_VISIBLE_DEVICES so every rank sees every GPU of its host), or launch fewer ranks per host",
+    )
+
+
+def _span(ranks: Sequence[int]) -> str:
+    """``0-7`` for a run of three or more consecutive ranks, else ``0,2,4``."""
+    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def settle(env: DistEnv, claims: Sequence[RankClaim]) -> DistEnv:
+    """``env`` with what the world knows filled in, or the conflict named (identically on every rank).
+
+    Raises:
+        ConflictingEnvError: a node rank, local rank, local world size or node count of the environment
+            disagrees with the hosts the ranks run on, or two ranks bound one GPU (by UUID).
+    """
+    shared = shared_gpus(claims)
+    if shared:
+        raise _shared_gpu_error(shared)
+    layout = group_ranks(claims)
+    claimed = {h.identity: n for h in layout.hosts if (n := _claimed(h, claims)) is not None}
+    extra = _out_of_range(layout, claimed)
+    if layout.conflicts or extra:
+        raise _conflict_error(layout, extra, env.world_size)
+    host = layout.host_of(env.rank)
+    node_ranks = _node_ranks(layout, claimed)
+    derived = {
+        "node_rank": node_ranks[host.label],
+        "local_rank": host.ranks.index(env.rank),
+        "local_world_size": len(host.ranks),
+        "num_nodes": layout.num_nodes,
+    }
+    fields = env.model_dump()
+    sources = dict(env.sources)
+    for field, value in derived.items():
+        if fields[field] is None:
+            fields[field] = value
+            sources[field] = (SOURCE,)
+    fields["sources"] = sources
+    fields["notes"] = (*env.notes, *layout.notes)
+    return DistEnv.model_validate(fields)
+
+
+def _claimed(host: HostSlot, claims: Sequence[RankClaim]) -> int | None:
+    """The node rank the ranks of ``host`` claim (one, or the layout would hold a conflict), if any."""
+    return next((c.node_rank for c in claims if c.rank in host.ranks and c.node_rank is not None), None)
+
+
+def _node_ranks(layout: NodeLayout, claimed: Mapping[HostIdentity, int]) -> dict[str, int]:
+    """Each host's node rank: the one its ranks claim, else the lowest free one in torchrun's order."""
+    taken = set(claimed.values())
+    free = (n for n in range(layout.num_nodes + len(taken)) if n not in taken)
+    return {h.label: claimed[h.identity] if h.identity in claimed else next(free) for h in layout.hosts}
+
+
+# --- init_verdict: A verdict reached during ``init_process_group`` (gloo's loopback trap), the same on every rank, at
+# once.
+# The join's ``state`` key already says ``ok`` when init runs, so a verdict found in init has a key of its
+# own, ``<namespace>g<generation>/init_verdict`` (first writer wins). The rank that recognises its own gloo
+# failure as the loopback trap publishes it; a rank whose init failed otherwise reads it before giving up on
+# the generation, so no rank starts a new generation for it (the ranks would drift apart, each waiting for
+# the others in another generation until the deadline). A rank still blocked in init (gloo's listener side
+# waits about five times its timeout for a peer that can never connect) learns it from :class:`InitWatch`, a
+# thread with its own store connection, and its caller raises it at once. The store host stays up until the
+# others have read it, at most :data:`distinit._board.LINGER` s (the key is a :class:`distinit._board.Board`).
+
+
+#: How often a blocked rank's watch looks for the verdict, and its store connection's bound.
+WATCH_EVERY = 0.25
+WATCH_TIMEOUT = 5.0
+
+_Failure = (dist.DistError, RuntimeError, OSError, ValueError)
+
+
+def verdict_key(namespace: str, generation: int) -> str:
+    """The store key of ``generation``'s init verdict."""
+    return f"{namespace}g{generation}/init_verdict"
+
+
+def classify_init_failure(
+    exc: BaseException, *, join: JoinProtocol, generation: int, env: DistEnv, hosting: bool
+) -> RendezvousError | None:
+    """The verdict for this rank's failed init: its own loopback failure (published), a peer's, or None.
+
+    None means an ordinary failure: the caller abandons the generation and retries.
+    """
+    board = Board(join.store, verdict_key(join.namespace, generation), rank=env.rank, world_size=env.world_size)
+    own = _own_verdict(exc, env=env, master=join.master, generation=generation)
+    try:
+        found = board.publish(_messages.verdict_to_json(own)) if own is not None else board.read()
+    except _Failure as failure:  # the store went away: our own finding still stands
+        logger.debug("rank %d: init verdict key unreachable: %s", env.rank, failure)
+        return own
+    if found is None:
+        return None
+    _acknowledge(board, hosting=hosting)
+    return _messages.verdict_from_json(found, rank=env.rank)
+
+
+def _own_verdict(exc: BaseException, *, env: DistEnv, master: str, generation: int) -> RendezvousError | None:
+    """This rank's gloo error as the loopback trap, if it names a loopback peer in a world that spans hosts."""
+    remote = _loopback.loopback_remote(str(exc))
+    if remote is None:
+        return None
+    evidence = _loopback.world_spans_hosts(env)
+    if evidence is None:  # one host: a loopback peer that refused is a peer that died
+        return None
+    host = socket.gethostname()
+    return _messages.loopback_mesh(
+        rank=env.rank,
+        host=host,
+        remote=remote,
+        evidence=evidence,
+        fix=_messages.loopback_fix(
+            host=host,
+            route=_loopback.route_interface(env.master_addr, env.master_port),
+            interfaces=interfaces(),
+        ),
+        master=master,
+        generation=generation,
+    )
+
+
+def _acknowledge(board: Board, *, hosting: bool) -> None:
+    """This rank read the verdict; the store host then waits for the others to read it too."""
+    with contextlib.suppress(*_Failure):  # the verdict is known; a store gone meanwhile only ends the wait
+        board.acknowledge()
+        if hosting:
+            board.linger()
+
+
+class InitWatch:
+    """While init runs, look for a peer's init verdict from a thread (see the module docstring).
+
+    Enabled only where it can matter: gloo, this host advertising a loopback address, and a world that
+    spans hosts; elsewhere :meth:`during` does nothing and no connection is opened.
+    """
+
+    def __init__(self, master: Master, *, env: DistEnv, hosting: bool, enabled: bool) -> None:
+        """``enabled``: :func:`~distinit.init._loopback.loopback_trap` found the trap possible here."""
+        self.master, self.env, self.hosting, self.enabled = master, env, hosting, enabled
+        self._verdict: RendezvousError | None = None
+
+    def verdict(self) -> RendezvousError | None:
+        """The verdict a peer published while this rank was in init, or None (read by the caller's thread)."""
+        return self._verdict
+
+    @contextlib.contextmanager
+    def during(self, namespace: str, generation: int) -> Iterator[None]:
+        """Watch ``generation``'s verdict key for the duration of the block."""
+        if not self.enabled:
+            yield
+            return
+        stop = threading.Event()
+        key = verdict_key(namespace, generation)
+        thread = threading.Thread(
+            target=self._run, args=(key, stop), name=f"distinit-init-watch-rank{self.env.rank}", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+
+    def _run(self, key: str, stop: threading.Event) -> None:
+        try:
+            store = TCPStore(
+                self.master.addr,
+                self.master.port,
+                is_master=False,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=WATCH_TIMEOUT),
+            )
+            board = Board(store, key, rank=self.env.rank, world_size=self.env.world_size)
+            while not stop.wait(WATCH_EVERY):
+                found = board.read()
+                if found is not None:
+                    _acknowledge(board, hosting=self.hosting)
+                    self._verdict = _messages.verdict_from_json(found, rank=self.env.rank)
+                    return
+        except _Failure as exc:  # the store went away: the attempt itself sees that too
+            logger.debug("rank %d: init watch stopped: %s", self.env.rank, exc)

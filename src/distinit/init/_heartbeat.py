@@ -1,7 +1,7 @@
 """Liveness of joined ranks: a rank that joined and then stopped ends the rendezvous in seconds.
 
 While a rank waits in the join it beats ``g<generation>/beat/<rank>`` (``seq|wall clock``) every ``beat``
-s (:class:`~distinit.init._pace.Pace`: 1 s up to 1,000 ranks, longer above) from a daemon thread; the
+s (:class:`~distinit.init._policy.Pace`: 1 s up to 1,000 ranks, longer above) from a daemon thread; the
 beat stops once the join completes or is given up. Rank 0 watches every joined rank (it learns them from
 ``g<generation>/order/<n>``, written by the n-th joiner, so one watch costs a few round trips whatever the
 world size); the other ranks watch rank 0 (the store host under torchrun's agent store can outlive it). A
@@ -29,8 +29,11 @@ from torch.distributed import Store
 
 from distinit._board import Board, text
 from distinit._duration import wait_bound
-from distinit.errors import RendezvousError
-from distinit.init._pace import BEAT, STALE
+from distinit._net import probe
+from distinit.errors import RankLostError, RendezvousError
+from distinit.init import _messages
+from distinit.init._policy import BEAT, STALE
+from distinit.init._store import Master
 
 logger = logging.getLogger("distinit.init")
 
@@ -390,3 +393,42 @@ def _gone_here(who: str, host: str) -> bool:
     except PermissionError:
         return False
     return False
+
+
+# --- host_lost: The store host (rank 0) died after this rank joined: say so in seconds instead of "missing ranks [0]"
+# later.
+# Rank 0's store dies with it, so no heartbeat verdict can be published. A joined rank whose store
+# connection fails probes MASTER_ADDR:MASTER_PORT: refused for :data:`~distinit.init._policy.STALE` s
+# in a row means nothing serves the port any more (a frozen host or a lost network answers differently, and
+# a restarted rank 0 answers again); then it raises :class:`~distinit.errors.RankLostError` naming rank 0.
+#: Pause between two probes while deciding.
+PROBE_EVERY = 0.25
+
+
+def host_gone(
+    master: Master,
+    *,
+    claimant: str,
+    generation: int,
+    end: float,
+    sleep: Callable[[float], None],
+    stale: float = STALE,
+) -> RankLostError | None:
+    """Probe until ``stale`` s of refusals (the host is gone) or anything else (None); never past ``end``."""
+    lost_at, lost_wall = time.monotonic(), time.time()
+    if lost_at + stale > end:
+        return None  # no room to decide before the deadline: the deadline's error says it
+    while (silent := time.monotonic() - lost_at) < stale:
+        seen = probe(master.addr, master.port, min(1.0, stale), handshake_timeout=1.0)
+        if seen.kind != "refused":
+            return None  # something answers (a restarted rank 0) or the network fails: the attempts handle it
+        sleep(PROBE_EVERY)
+    return _messages.rank_lost(
+        rank=0,
+        claimant=claimant,
+        silent_for=silent,
+        last_seen=datetime.fromtimestamp(lost_wall, tz=timezone.utc).strftime("%H:%M:%S UTC"),
+        master=master.name,
+        generation=generation,
+        local_rank=master.rank,
+    )

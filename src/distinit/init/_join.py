@@ -42,9 +42,8 @@ from torch.distributed import Store
 from distinit._board import Board, text
 from distinit.errors import RankLostError, RendezvousError, WorldSizeMismatchError
 from distinit.init import _messages
-from distinit.init._attempt import AttemptFailed
 from distinit.init._heartbeat import Heartbeat, Silent, follow_arrivals
-from distinit.init._pace import POLL, Pace, PauseSchedule
+from distinit.init._policy import POLL, AttemptFailed, Pace, PauseSchedule
 
 logger = logging.getLogger("distinit.init")
 
@@ -607,7 +606,7 @@ def wait_for_key(
     """Wait until ``key`` exists on ``store`` or the monotonic time ``end``; True if it exists.
 
     Polls with ``check`` (one round trip) at growing pauses, from a few milliseconds up to ``poll`` s (see
-    :class:`~distinit.init._pace.PauseSchedule`): a key set within milliseconds is seen within milliseconds,
+    :class:`~distinit.init._policy.PauseSchedule`): a key set within milliseconds is seen within milliseconds,
     and a long wait costs the store one check per ``poll``. No blocking store ``wait``: it cannot be called
     off, and c10d logs a "waitForInput ... timed out" warning each time one times out. ``sleep`` pauses
     between polls (and may raise to call the wait off); ``tick`` runs at every poll.

@@ -1,32 +1,31 @@
-"""The rendezvous store: rank 0 hosts one TCPStore for the whole deadline; the others connect with bounds.
+"""The rendezvous store and its endpoint (:class:`Master`): rank 0 hosts it, the others probe and connect.
 
-torch's TCPStore client retries connect+validate around a socket connect that itself retries, so one
-client constructor can take 1.8-2.7x its timeout, and a foreign listener that accepts and holds blocks it
-without bound (measured on torch 2.13). Clients therefore only construct a TCPStore after
-:func:`distinit._net.probe` saw a TCPStore answer, and the constructor runs in a helper thread
-joined with a bound.
-
-The host serves on an IPv4-only listening socket when MASTER_ADDR has only IPv4 addresses. torch's own
-listener is dual-stack, so every peer appears to it as ``::ffff:a.b.c.d``, and the store's thread looks that
-name up (``getnameinfo``) on each connection: ``/etc/hosts`` cannot answer an IPv4-mapped address, so each
-lookup goes to DNS, one after another on that thread, and one dropped query stalls every connect behind it
-for the resolver's 5 s timeout (measured: 64 loopback clients 10.1 s with torch's listener, 5.0 s at most
-and a p50 of 3-8 ms with the IPv4 one; the rest of the stalls are the clients' own lookups, see
-docs/scale.md). With an IPv4 listener the peer is ``a.b.c.d``, which ``/etc/hosts`` answers.
+Rank 0 checks that MASTER_ADDR is this host, then binds and serves the store; the others probe the master
+until a TCPStore answers, then connect with bounds; a failure that persists past its grace period becomes
+its specific error (:func:`specific_error`).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
+import random
 import socket
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed import TCPStore
 
 from distinit._duration import to_timedelta, wait_bound
-from distinit.init._attempt import AttemptFailed, quote
+from distinit._net import binds, port_holder, probe
+from distinit.errors import RendezvousError
+from distinit.init import _messages
+from distinit.init._policy import AttemptFailed, FailureKind, Grace, quote
 
+# --- store: The rendezvous store: rank 0 hosts one TCPStore for the whole deadline; the others connect with bounds.
 _BUSY_MARKERS = ("EADDRINUSE", "Address already in use", "errno: 98")
 
 
@@ -129,3 +128,159 @@ def connect_store(host: str, port: int, *, timeout: float) -> TCPStore:
     if not isinstance(store, TCPStore):
         raise AttemptFailed("store", "the store connection returned no store")
     return store
+
+
+# --- diagnose: Name the cause of a failure that persisted: the specific error, with the port's holder looked up.
+#: Failure kinds whose persistence has a specific error (the others end as ``RendezvousTimeoutError``).
+SPECIFIC = ("dns", "unreachable", "timeout", "foreign", "port_busy")
+
+
+@dataclass(frozen=True)
+class Master:
+    """The rendezvous endpoint as this rank sees it, and the rank (for the messages)."""
+
+    addr: str
+    port: int
+    rank: int
+
+    @property
+    def name(self) -> str:
+        """``addr:port``."""
+        return f"{self.addr}:{self.port}"
+
+    def is_local(self) -> bool:
+        """Whether the master is this host (only then can the port's holder be looked up)."""
+        return self.addr in ("127.0.0.1", "localhost", socket.gethostname())
+
+
+def specific_error(failure: AttemptFailed, lasted: float, master: Master) -> RendezvousError:
+    """The error for ``failure`` (one of :data:`SPECIFIC`) having lasted ``lasted`` seconds."""
+    detail = failure.detail.split(": ", 1)[-1]
+    if failure.kind == "dns":
+        return _messages.cannot_resolve(
+            master=master.name, host=master.addr, seconds=lasted, detail=detail, rank=master.rank
+        )
+    if failure.kind == "unreachable":
+        return _messages.unroutable(master=master.name, seconds=lasted, detail=detail, rank=master.rank)
+    if failure.kind == "timeout":
+        return _messages.black_hole(master=master.name, seconds=lasted, rank=master.rank)
+    if failure.kind == "port_busy":
+        holder = port_holder(master.port)
+        return _messages.port_in_use(
+            master=master.name, port=master.port, seconds=lasted, holder=holder, rank=master.rank
+        )
+    holder = port_holder(master.port) if master.is_local() else None
+    return _messages.foreign_listener(master=master.name, seconds=lasted, holder=holder, rank=master.rank)
+
+
+# --- whereami: Is MASTER_ADDR this host? Rank 0 checks before hosting the store, so a wrong address fails at once.
+# torch's store host also connects to MASTER_ADDR as a client; if MASTER_ADDR names another host, that
+# connect is refused (or vanishes) until the deadline, and every other rank waits on a host where no store
+# will ever run. So rank 0 resolves MASTER_ADDR and tries to bind each address (an address of this host
+# binds); if none binds, it still accepts the address when a connection to it arrives at a listener of its
+# own on MASTER_PORT (a NAT, a container's published port, a service address routed here).
+#: How long the routing test waits for its connection (a black-holed address costs this once).
+ROUTE_TIMEOUT = 1.0
+
+
+def check_hosting_addr(master: Master, infos: list[tuple[int, str]]) -> None:
+    """Raise if no address of ``infos`` (``(family, ip)`` of MASTER_ADDR) is this host or routes here.
+
+    Raises:
+        MasterUnreachableError: MASTER_ADDR is not an address of this host (not retried).
+    """
+    if any(binds(ip) for _, ip in infos):
+        return
+    if any(_routes_here(family, ip, master.port) for family, ip in infos):
+        return
+    host = socket.gethostname()
+    raise _messages.not_this_host(
+        master=master.name, addr=master.addr, resolved=[ip for _, ip in infos], host=host, rank=master.rank
+    )
+
+
+def _routes_here(family: int, ip: str, port: int) -> bool:
+    """Whether a connection to ``ip:port`` arrives at a listener of ours on ``port`` (all interfaces)."""
+    with socket.socket(family, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        except OSError:
+            return True  # the port is busy (hosting reports it) or cannot be tested: do not guess
+        listener.listen(1)
+        listener.settimeout(ROUTE_TIMEOUT)
+        client = socket.socket(family, socket.SOCK_STREAM)
+        client.settimeout(ROUTE_TIMEOUT)
+        try:
+            client.connect((ip, port))
+            conn, _ = listener.accept()  # through a NAT the peer address differs: arriving is what counts
+        except OSError:
+            return False
+        finally:
+            client.close()  # the client side closes first: its TIME_WAIT stays off MASTER_PORT
+        conn.close()
+        return True
+
+
+# --- reach: Reaching the store: rank 0 binds and serves it; the others probe the master until a TCPStore answers.
+# A probe classifies why the master cannot be reached (refused, DNS, no route, black hole, a foreign
+# program), and a failure that persists past its grace period (:mod:`distinit.init._policy`) becomes its
+# specific error at once instead of the generic timeout at the deadline.
+logger = logging.getLogger("distinit.init")
+
+#: One reachability probe's connect bound, and its store-handshake bound.
+PROBE_TIMEOUT = 5.0
+HANDSHAKE_TIMEOUT = 3.0
+#: The probe interval starts fast (a master binding its port right now is the common case at start-up: a
+#: refused connect on a LAN costs microseconds), then backs off to one probe per :data:`SLOWEST_PROBE` s.
+FIRST_PROBE = 0.02
+SLOWEST_PROBE = 2.0
+
+
+def escalate(grace: Grace, failure: AttemptFailed, *, since: float, master: Master) -> None:
+    """Raise the specific error if ``failure``'s kind has now lasted past its grace period."""
+    persisted = grace.observe(failure.kind, since, time.monotonic())
+    if persisted is not None:
+        raise specific_error(failure, persisted.lasted, master)
+
+
+def host(master: Master, *, end: float) -> TCPStore:
+    """Check that MASTER_ADDR is this host, then bind and serve the store (rank 0).
+
+    Raises:
+        AttemptFailed: ``dns`` (MASTER_ADDR does not resolve), ``port_busy``, or ``store``.
+    """
+    try:
+        infos = socket.getaddrinfo(master.addr, master.port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AttemptFailed("dns", f"MASTER_ADDR={master.addr!r} does not resolve ({exc})") from exc
+    check_hosting_addr(master, [(info[0], str(info[4][0])) for info in infos])
+    return host_store(master.addr, master.port, timeout=max(end - time.monotonic(), 1.0))
+
+
+def connect(
+    master: Master, *, end: float, grace: Grace, rng: random.Random, sleep: Callable[[float], None]
+) -> TCPStore:
+    """Probe the master until a TCPStore answers, then connect to it (ranks other than 0).
+
+    Raises:
+        AttemptFailed: nothing usable answered before ``end`` (the last probe's kind).
+        RendezvousError: a failure outlasted its grace period (the specific error).
+    """
+    interval = FIRST_PROBE
+    failure: AttemptFailed | None = None
+    while (left := end - time.monotonic()) > 0:
+        probed_at = time.monotonic()
+        seen = probe(master.addr, master.port, min(PROBE_TIMEOUT, left), handshake_timeout=min(HANDSHAKE_TIMEOUT, left))
+        logger.debug("rank %d: probe of %s: %s (%s)", master.rank, master.name, seen.kind, seen.detail)
+        if seen.kind == "tcpstore":
+            grace.clear()
+            return connect_store(master.addr, master.port, timeout=max(end - time.monotonic(), 1.0))
+        kind: FailureKind = "store" if seen.kind == "error" else seen.kind
+        failure = AttemptFailed(kind, f"{master.name}: {seen.detail}")
+        escalate(grace, failure, since=probed_at, master=master)
+        left = end - time.monotonic()
+        if left > 0:
+            sleep(min(left, interval + rng.uniform(0, interval / 2)))
+            interval = min(interval * 1.5, SLOWEST_PROBE)
+    raise failure or AttemptFailed("refused", f"nothing listened on {master.name} within the attempt")

@@ -374,11 +374,9 @@ def _exchange(env: DistEnv, devices: int, num_nodes: int) -> list[list[int]] | N
 def _peer_failed(env: DistEnv, exc: BaseException) -> RankLostError:
     """The comparison's ``all_reduce`` failed: name the rank that went away (setup()'s liveness, bounded)."""
     from distinit._foreign import first_line
-    from distinit.init import _setup
-    from distinit.init._heartbeat import peer_closed
+    from distinit.init import lost_peer
 
-    liveness = _setup._Current.liveness
-    found = liveness.lost(_setup.LOST_BOUND) if liveness is not None and peer_closed(exc) else None
+    found = lost_peer(exc)
     who = found or "another rank (none could be named: distinit.setup() did not form this group)"
     return RankLostError(
         f"rank {env.rank}: the ranks could not compare their Lightning settings before DDP init: {who}. "

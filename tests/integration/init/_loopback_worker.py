@@ -9,13 +9,13 @@ from __future__ import annotations
 import runpy
 import sys
 
-from distinit.init import _preflight
+from distinit.init import _loopback
 
 
 def _skip(*args: object, **kwargs: object) -> None:
     """The pre-flight, switched off: the failure must then be recognised after init."""
 
 
-_preflight.check_advertised_address = _skip
+_loopback.check_advertised_address = _skip
 sys.argv = sys.argv[2:]  # [this, PYTHON, _worker.py, SPEC, OUT] -> [_worker.py, SPEC, OUT]
 runpy.run_path(sys.argv[0], run_name="__main__")

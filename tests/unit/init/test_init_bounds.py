@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from distinit._duration import MAX_WAIT
-from distinit.init._backend import choose_backend
-from distinit.init._bounds import Bounds
+from distinit.init._form import choose_backend
+from distinit.init._policy import Bounds
 
 
 @pytest.mark.parametrize("huge", [math.inf, 1e300, 10**400, timedelta.max], ids=["inf", "1e300", "10**400", "td-max"])

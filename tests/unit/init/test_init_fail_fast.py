@@ -13,14 +13,13 @@ import pytest
 from torch.distributed import HashStore
 
 from distinit.errors import IncompleteEnvError, MalformedEnvError, PortInUseError, RankLostError, RendezvousError
-from distinit.init import _messages, _preflight
-from distinit.init._attempt import AttemptFailed
-from distinit.init._boundary import readable
-from distinit.init._diagnose import Master
+from distinit.init import _loopback, _messages
+from distinit.init._api import readable
+from distinit.init._attempt import launched
 from distinit.init._heartbeat import Heartbeat, Silent
-from distinit.init._launched import launched
+from distinit.init._policy import AttemptFailed
 from distinit.init._report import AttemptRecord, InitReport
-from distinit.init._whereami import check_hosting_addr
+from distinit.init._store import Master, check_hosting_addr
 
 
 def test_rank_lost_verdict_travels_the_store_and_names_the_rank() -> None:
@@ -138,18 +137,18 @@ def test_port_in_use_names_the_port_in_use() -> None:
 @pytest.mark.parametrize("addr", ["dnode[1-2]", "gpu[01,03-04]", "dnode1,dnode2"])
 def test_hostlist_master_addr_refused_at_once(addr: str) -> None:
     with pytest.raises(MalformedEnvError, match="is a list of hosts") as info:
-        _preflight.check_master(master_addr=addr, master_port=29500, world_size=2, rank=1)
+        _loopback.check_master(master_addr=addr, master_port=29500, world_size=2, rank=1)
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in info.value.fix
 
 
 @pytest.mark.parametrize("addr", ["node1", "10.0.0.1", "[::1]", "::1", "gpu-01.cluster.local"])
 def test_single_host_master_addr_accepted(addr: str) -> None:
-    _preflight.check_master(master_addr=addr, master_port=29500, world_size=2, rank=1)
+    _loopback.check_master(master_addr=addr, master_port=29500, world_size=2, rank=1)
 
 
 def test_incomplete_env_fix_in_the_launchers_own_way() -> None:
     with pytest.raises(IncompleteEnvError, match="MASTER_ADDR") as info:
-        _preflight.check_master(master_addr=None, master_port=29500, world_size=2, rank=1, launcher="openmpi")
+        _loopback.check_master(master_addr=None, master_port=29500, world_size=2, rank=1, launcher="openmpi")
     assert "mpirun -x MASTER_ADDR=" in info.value.fix and "export" not in info.value.fix
 
 

@@ -7,8 +7,8 @@ import pytest
 from distinit._identity import HostIdentity, RankClaim, shared_gpus
 from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError
-from distinit.init import _world
-from distinit.init._backend import DevicePlan, plan_device
+from distinit.init import _form
+from distinit.init._form import DevicePlan, plan_device
 
 # (backend, visible, CUDA_VISIBLE_DEVICES, LOCAL_RANK, LOCAL_WORLD_SIZE) -> plan (None: refused)
 PLANS = [
@@ -86,7 +86,7 @@ def test_settle_refuses_a_shared_gpu_on_every_rank_naming_both_ranks() -> None:
     for rank in range(2):
         env = DistEnv.model_validate({"rank": rank, "world_size": 2, "local_rank": rank, "launcher": "slurm"})
         with pytest.raises(ConflictingEnvError) as caught:
-            _world.settle(env, claims)
+            _form.settle(env, claims)
         texts.add(str(caught.value))
     (text,) = texts  # the same verdict on both ranks
     assert "ranks 0, 1 (host gpu-a) all bound GPU GPU-5e1c" in text and "--gpus-per-task=1" in text
@@ -94,5 +94,5 @@ def test_settle_refuses_a_shared_gpu_on_every_rank_naming_both_ranks() -> None:
 
 def test_gpu_uuid_travels_in_the_identity_row() -> None:
     env = DistEnv.model_validate({"rank": 0, "world_size": 1, "local_rank": 0, "launcher": "slurm"})
-    claim = _world.claim_of(env, {}, HOST, gpu="GPU-" + "f" * 36)
-    assert _world._decode(_world._encode(claim), 0, rank=0).gpu == claim.gpu
+    claim = _form.claim_of(env, {}, HOST, gpu="GPU-" + "f" * 36)
+    assert _form._decode(_form._encode(claim), 0, rank=0).gpu == claim.gpu

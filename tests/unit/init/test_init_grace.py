@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distinit.init._grace import DNS_GRACE, PORT_GRACE, UNREACHABLE_GRACE, Grace, Persisted
+from distinit.init._policy import DNS_GRACE, PORT_GRACE, UNREACHABLE_GRACE, Grace, Persisted
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from distinit._net import is_loopback
 from distinit.env import DistEnv
 from distinit.errors import RendezvousError
-from distinit.init import _handover, _loopback, _messages, _preflight
+from distinit.init import _loopback, _messages, _thread
 from distinit.init._loopback import Advertised
 
 #: torch 2.13's own texts, from two fake hosts whose hostnames resolve to 127.0.1.1.
@@ -157,10 +157,10 @@ def test_preflight_decision(
     monkeypatch.setattr(_loopback, "advertised_by_hostname", lambda hostname: TRAPPED)
     monkeypatch.setattr(_loopback, "world_spans_hosts", lambda env: "only 1 of the 2 ranks run on this host")
     if not raises:
-        _preflight.check_advertised_address(backend, world, environ)
+        _loopback.check_advertised_address(backend, world, environ)
         return
     with pytest.raises(RendezvousError) as caught:
-        _preflight.check_advertised_address(backend, world, environ)
+        _loopback.check_advertised_address(backend, world, environ)
     assert caught.value.rank == 1 and "'host-b' resolves to 127.0.1.1" in caught.value.what
     assert "GLOO_SOCKET_IFNAME=" in caught.value.fix
 
@@ -168,14 +168,14 @@ def test_preflight_decision(
 def test_preflight_quiet_when_the_hostname_is_routable_or_one_host(monkeypatch: pytest.MonkeyPatch) -> None:
     routable = Advertised(hostname="host-b", resolved=("10.0.0.6",), address="10.0.0.6", source="hostname")
     monkeypatch.setattr(_loopback, "advertised_by_hostname", lambda hostname: routable)
-    _preflight.check_advertised_address("gloo", _world(), {})
+    _loopback.check_advertised_address("gloo", _world(), {})
     monkeypatch.setattr(_loopback, "advertised_by_hostname", lambda hostname: TRAPPED)
     monkeypatch.setattr(_loopback, "world_spans_hosts", lambda env: None)
-    _preflight.check_advertised_address("gloo", _world(), {})
+    _loopback.check_advertised_address("gloo", _world(), {})
 
 
 @pytest.mark.timeout(30)
-def test_run_guarded_raises_an_early_verdict_while_the_thread_is_blocked() -> None:
+def test_run_guarded_returns_an_early_verdict_while_the_thread_is_blocked() -> None:
     """A peer's verdict ends the caller's wait at once; the blocked thread is left behind, never joined."""
     release = threading.Event()
 
@@ -185,23 +185,19 @@ def test_run_guarded_raises_an_early_verdict_while_the_thread_is_blocked() -> No
     verdict = RendezvousError("a peer's verdict")
     seen_at = time.monotonic() + 0.3
     started = time.monotonic()
+    handover = _thread.Handover()
     try:
-        with pytest.raises(RendezvousError, match="a peer's verdict"):
-            _handover.run_guarded(
-                blocked,
-                name="test-blocked",
-                deadline_at=time.monotonic() + 60,
-                handover=_handover.Handover(),
-                overrun=lambda thread: AssertionError("overrun"),
-                interrupted=lambda thread, formed: None,
-                early=lambda: verdict if time.monotonic() >= seen_at else None,
-            )
+        outcome = _thread.run_guarded(
+            threading.Thread(target=blocked, name="test-blocked", daemon=True),
+            deadline_at=time.monotonic() + 60,
+            handover=handover,
+            early=lambda: verdict if time.monotonic() >= seen_at else None,
+        )
         assert time.monotonic() - started < 5
-        left = _handover._Process.leftover
-        assert left is not None and left.stuck and left.thread.is_alive()
+        assert outcome.kind == "verdict" and outcome.error is verdict
+        assert handover.abandoned and outcome.thread.is_alive()  # left behind, never joined
     finally:
         release.set()
-        _handover._Process.leftover = None
 
 
 def test_one_verdict_on_the_store_for_every_rank_and_none_on_one_host() -> None:
@@ -211,7 +207,7 @@ def test_one_verdict_on_the_store_for_every_rank_and_none_on_one_host() -> None:
 
     from torch.distributed import HashStore
 
-    from distinit.init._init_verdict import classify_init_failure, verdict_key
+    from distinit.init._form import classify_init_failure, verdict_key
 
     store = HashStore()
     join: Any = SimpleNamespace(store=store, namespace="distinit/job/0/c1/", master="10.254.0.1:29500")

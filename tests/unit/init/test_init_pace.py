@@ -15,7 +15,7 @@ from torch.distributed import HashStore, Store
 
 from distinit.errors import MalformedEnvError
 from distinit.init._join import Claimant, JoinProtocol, decode_ranks, encode_ranks, wait_for_key
-from distinit.init._pace import (
+from distinit.init._policy import (
     FIRST_POLL,
     LOSS_BOUND_VARIABLE,
     POLL,
@@ -210,7 +210,7 @@ def test_other_ranks_read_the_arrival_order_once_when_rank_0_never_published() -
 def test_the_timeout_names_the_missing_ranks_on_every_rank(
     joined: tuple[CountingStore, dict[int, JoinProtocol]],
 ) -> None:
-    from distinit.init._attempt import AttemptFailed
+    from distinit.init._policy import AttemptFailed
 
     _, joins = joined
     for rank in (0, 7, 40):

@@ -1,19 +1,16 @@
-"""Pure tests of the init policies: Backoff, the retry loop (fake clock and sleep), reports, exports."""
+"""Pure tests of the init policies: Backoff, the pause between attempts (fake clock), reports, exports."""
 
 from __future__ import annotations
 
 import os
 import random
-from typing import NoReturn
 
 import pytest
 from pydantic import ValidationError
 
 import distinit.init
-from distinit.errors import DuplicateRankError, RendezvousTimeoutError
 from distinit.init import AttemptRecord, Backoff, InitReport
-from distinit.init._attempt import AttemptFailed
-from distinit.init._retry import retry_until
+from distinit.init._policy import MIN_ATTEMPT, next_pause
 
 
 def test_backoff_grows_caps_and_jitters() -> None:
@@ -58,80 +55,26 @@ class FakeClock:
         self.now += seconds
 
 
-def test_retry_until_succeeds_after_transient_failures() -> None:
+def test_next_pause_follows_the_backoff_while_there_is_room() -> None:
     clock = FakeClock()
-    seen: list[tuple[int, str, float]] = []
-
-    def attempt(n: int) -> str:
-        clock.now += 1.0
-        if n < 3:
-            raise AttemptFailed("join", f"attempt {n}", missing_ranks=(2,))
-        return "formed"
-
-    def give_up(last: AttemptFailed) -> NoReturn:
-        raise AssertionError("should not give up")
-
-    result = retry_until(
-        attempt,
-        deadline_at=100.0,
-        backoff=Backoff(jitter=0),
-        rng=random.Random(0),
-        pause=clock.sleep,
-        on_retry=lambda n, f, p: seen.append((n, f.kind, p)),
-        give_up=give_up,
-        clock=clock,
-    )
-    assert result == "formed"
-    assert seen == [(1, "join", 1.0), (2, "join", 2.0)]
-    assert clock.sleeps == [1.0, 2.0]
+    policy = Backoff(jitter=0)
+    pauses = [next_pause(n, deadline_at=100.0, backoff=policy, rng=random.Random(0), clock=clock) for n in (1, 2, 3)]
+    assert pauses == [1.0, 2.0, 4.0]
 
 
-def test_retry_until_never_retries_misconfiguration() -> None:
-    calls: list[int] = []
-
-    def attempt(n: int) -> None:
-        calls.append(n)
-        raise DuplicateRankError("rank 1 was claimed twice")
-
-    def give_up(last: AttemptFailed) -> NoReturn:
-        raise AssertionError("unreachable")
-
-    with pytest.raises(DuplicateRankError):
-        retry_until(
-            attempt,
-            deadline_at=100.0,
-            backoff=Backoff(),
-            rng=random.Random(0),
-            pause=lambda s: None,
-            on_retry=lambda n, f, p: None,
-            give_up=give_up,
-        )
-    assert calls == [1]
-
-
-def test_retry_until_respects_the_deadline() -> None:
+def test_next_pause_is_clamped_to_the_deadline_and_says_when_to_give_up() -> None:
     clock = FakeClock()
-
-    def attempt(n: int) -> None:
-        clock.now += 3.0
-        raise AttemptFailed("refused", "nothing listens")
-
-    def give_up(last: AttemptFailed) -> NoReturn:
-        raise RendezvousTimeoutError(f"gave up after {last.detail}", ranks=(0,))
-
-    with pytest.raises(RendezvousTimeoutError):
-        retry_until(
-            attempt,
-            deadline_at=10.0,
-            backoff=Backoff(initial=4.0, jitter=0),
-            rng=random.Random(0),
-            pause=clock.sleep,
-            on_retry=lambda n, f, p: None,
-            give_up=give_up,
-            clock=clock,
-        )
-    assert clock.now <= 10.0  # pauses are clamped: never past the deadline
-    assert all(s >= 0 for s in clock.sleeps)
+    policy = Backoff(initial=4.0, jitter=0)
+    seen: list[float] = []
+    while True:
+        clock.now += 3.0  # the attempt itself, which failed
+        pause = next_pause(len(seen) + 1, deadline_at=10.0, backoff=policy, rng=random.Random(0), clock=clock)
+        if pause is None:
+            break
+        seen.append(pause)
+        clock.sleep(pause)
+    assert seen == [4.0] and clock.now == 10.0  # the pause is clamped: the last attempt ends at the deadline
+    assert 10.0 - clock.now <= MIN_ATTEMPT  # None: no room for another attempt
 
 
 def test_report_is_frozen_and_summarises() -> None:

@@ -5,24 +5,24 @@ Threads only: no process group, no store, no network.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from distinit.errors import DuplicateRankError, RendezvousError, RendezvousTimeoutError
-from distinit.init import _handover
-from distinit.init._flight import SingleFlight
-from distinit.init._handover import Abandoned, Handover, check_no_leftover, leave_behind, run_guarded
+from distinit.errors import DuplicateRankError, RendezvousError
+from distinit.init import _thread
+from distinit.init._thread import Abandoned, Handover, SingleFlight, check_no_leftover, leave_behind, run_guarded
 
 
 @pytest.fixture(autouse=True)
 def _no_leftover() -> Iterator[None]:
     yield
-    _handover._Process.leftover = None
+    _thread.PROCESS.leftover = None
 
 
 def test_claim_and_abandon_exclude_each_other() -> None:
@@ -48,63 +48,42 @@ def test_sleep_wakes_at_once_when_abandoned_and_never_overflows() -> None:
     assert time.monotonic() - started < 5
 
 
-def _never_called(*args: object) -> BaseException:
-    raise AssertionError("unexpected call")
+def _daemon(body: Callable[[], object]) -> threading.Thread:
+    return threading.Thread(target=body, name="t", daemon=True)
 
 
 @pytest.mark.timeout(10)
-def test_run_guarded_hands_the_body_outcome_to_the_caller() -> None:
-    def body() -> None:
-        raise DuplicateRankError("rank 1 was claimed twice")
-
-    with pytest.raises(DuplicateRankError):
-        run_guarded(
-            body,
-            name="t",
-            deadline_at=float("inf"),  # Thread.join(inf) would raise OverflowError
-            handover=Handover(),
-            overrun=_never_called,
-            interrupted=_never_called,
-        )
+def test_run_guarded_waits_for_the_thread_to_end() -> None:
+    ended = threading.Event()
+    outcome = run_guarded(
+        _daemon(ended.set),
+        deadline_at=float("inf"),  # Thread.join(inf) would raise OverflowError
+        handover=Handover(),
+    )
+    assert outcome.kind == "done" and outcome.error is None and ended.is_set()
 
 
 @pytest.mark.timeout(10)
 def test_run_guarded_abandons_a_body_blocked_past_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_handover, "OVERRUN_GRACE", 0.2)
+    monkeypatch.setattr(_thread, "OVERRUN_GRACE", 0.2)
     release = threading.Event()
     handover = Handover()
-    seen: list[threading.Thread] = []
-
-    def overrun(thread: threading.Thread) -> BaseException:
-        seen.append(thread)
-        return RendezvousTimeoutError("blocked")
-
     started = time.monotonic()
-    with pytest.raises(RendezvousTimeoutError):
-        run_guarded(
-            lambda: release.wait(10) and None,
-            name="t",
-            deadline_at=time.monotonic() + 0.1,
-            handover=handover,
-            overrun=overrun,
-            interrupted=_never_called,
-        )
-    assert time.monotonic() - started < 0.1 + _handover.OVERRUN_GRACE + 2
-    assert handover.abandoned and seen and seen[0].is_alive()
+    outcome = run_guarded(_daemon(lambda: release.wait(10)), deadline_at=time.monotonic() + 0.1, handover=handover)
+    assert time.monotonic() - started < 0.1 + _thread.OVERRUN_GRACE + 2
+    assert outcome.kind == "overrun" and outcome.error is None
+    assert handover.abandoned and outcome.thread.is_alive()
     release.set()
 
 
 @pytest.mark.timeout(10)
 def test_an_interrupted_wait_abandons_the_rendezvous_before_it_propagates() -> None:
     handover = Handover()
-    calls: list[bool] = []
 
     def body() -> None:
-        while True:
-            handover.sleep(0.05)  # raises Abandoned once the caller gave up
-
-    def interrupted(thread: threading.Thread, formed: bool) -> None:
-        calls.append(formed)
+        with contextlib.suppress(Abandoned):
+            while True:
+                handover.sleep(0.05)  # raises Abandoned once the caller gave up
 
     # The caller's wait is interrupted as Ctrl-C would: a signal handler raising in the main thread (SIGUSR1,
     # not SIGALRM, which pytest-timeout may use).
@@ -115,19 +94,12 @@ def test_an_interrupted_wait_abandons_the_rendezvous_before_it_propagates() -> N
     timer = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGUSR1))
     timer.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            run_guarded(
-                body,
-                name="t",
-                deadline_at=time.monotonic() + 30,
-                handover=handover,
-                overrun=_never_called,
-                interrupted=interrupted,
-            )
+        outcome = run_guarded(_daemon(body), deadline_at=time.monotonic() + 30, handover=handover)
     finally:
         timer.cancel()
         signal.signal(signal.SIGUSR1, previous)
-    assert calls == [False] and handover.abandoned
+    assert outcome.kind == "interrupted" and isinstance(outcome.error, KeyboardInterrupt)
+    assert outcome.formed is False and handover.abandoned
     assert handover.claim() is False  # a group formed now would never be handed over
 
 
@@ -138,7 +110,7 @@ def test_leftover_interrupted_thread_is_waited_for_and_a_stuck_one_refused_at_on
     winding.start()
     leave_behind(winding, "interrupted, attempt 1 waiting in join", stuck=False)
     check_no_leftover(0, patience=5)  # waits for it to wind down, then allows the new call
-    assert _handover._Process.leftover is None
+    assert _thread.PROCESS.leftover is None
 
     stuck_release = threading.Event()
     stuck = threading.Thread(target=lambda: stuck_release.wait(10))
@@ -152,9 +124,14 @@ def test_leftover_interrupted_thread_is_waited_for_and_a_stuck_one_refused_at_on
     stuck.join(5)
 
 
+def _led(flight: SingleFlight, call: Callable[[], object], *, patience: float = 10) -> object:
+    with flight.lead(what="init_with_retry()", rank=0, patience=patience):
+        return call()
+
+
 @pytest.mark.timeout(20)
 def test_concurrent_callers_share_one_flight_and_its_result() -> None:
-    flight = SingleFlight("init_with_retry()")
+    flight = SingleFlight()
     entered = threading.Event()
     release = threading.Event()
     runs: list[str] = []
@@ -171,10 +148,10 @@ def test_concurrent_callers_share_one_flight_and_its_result() -> None:
         return "formed"
 
     results: dict[str, object] = {}
-    leader = threading.Thread(target=lambda: results.update(leader=flight.run(call, rank=0, patience=10)))
+    leader = threading.Thread(target=lambda: results.update(leader=_led(flight, call)))
     leader.start()
     entered.wait(5)
-    follower = threading.Thread(target=lambda: results.update(follower=flight.run(call, rank=0, patience=10)))
+    follower = threading.Thread(target=lambda: results.update(follower=_led(flight, call)))
     follower.start()
     time.sleep(0.2)
     assert runs == []  # the follower waits instead of starting a second rendezvous
@@ -187,7 +164,7 @@ def test_concurrent_callers_share_one_flight_and_its_result() -> None:
 
 @pytest.mark.timeout(20)
 def test_a_concurrent_caller_gets_the_leaders_error_at_once() -> None:
-    flight = SingleFlight("setup()")
+    flight = SingleFlight()
     entered = threading.Event()
 
     def failing() -> None:
@@ -199,7 +176,8 @@ def test_a_concurrent_caller_gets_the_leaders_error_at_once() -> None:
 
     def run(name: str) -> None:
         try:
-            flight.run(failing, rank=1, patience=10)
+            with flight.lead(what="setup()", rank=1, patience=10):
+                failing()
         except BaseException as exc:
             errors[name] = exc
 
@@ -217,19 +195,19 @@ def test_a_concurrent_caller_gets_the_leaders_error_at_once() -> None:
 
 @pytest.mark.timeout(20)
 def test_a_concurrent_caller_does_not_wait_past_its_own_patience() -> None:
-    flight = SingleFlight("setup()")
+    flight = SingleFlight()
     entered, release = threading.Event(), threading.Event()
 
     def slow() -> None:
         entered.set()
         release.wait(10)
 
-    leader = threading.Thread(target=flight.run, args=(slow,), kwargs={"rank": 0, "patience": 10})
+    leader = threading.Thread(target=_led, args=(flight, slow))
     leader.start()
     entered.wait(5)
     started = time.monotonic()
     with pytest.raises(RendezvousError, match="still running"):
-        flight.run(slow, rank=0, patience=0.3)
+        _led(flight, slow, patience=0.3)
     assert time.monotonic() - started < 3
     release.set()
     leader.join(5)
