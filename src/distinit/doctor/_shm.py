@@ -155,7 +155,8 @@ def check_shm(*, local_world_size: int, shm: str = SHM) -> Check:
                 "removed": removed[:50], "pooled": {str(pid): n for pid, n in pooled.items()}}  # fmt: skip
     text = f"{shm}: {size / _MiB:.0f} MiB, {free / _MiB:.0f} MiB free for {local_world_size} local ranks"
     if pooled:  # memory outside /dev/shm, held on purpose (DISTINIT_SHM_POOL_BYTES caps it per process)
-        text += f"; broadcast pools hold {sum(pooled.values()) / _MiB:.0f} MiB (pids {', '.join(map(str, pooled))})"
+        pids = ", ".join(map(str, list(pooled)[:3])) + (", ..." if len(pooled) > 3 else "")  # lines stay short
+        text += f"; broadcast pools hold {sum(pooled.values()) / _MiB:.0f} MiB (pids {pids})"
     if removed:
         text += f"; removed {len(removed)} distinit broadcast segment(s) of processes that are gone"
     if free < need:
