@@ -11,8 +11,7 @@ import torch
 from distinit.broadcast._group import GroupFacts
 from distinit.broadcast._header import OP_TENSOR
 from distinit.broadcast._transport import file as _file
-from distinit.broadcast._transport.choose import Route
-from distinit.broadcast._transport.pack import slots
+from distinit.broadcast._transport.pack import Route, slots
 
 SPEC = [(torch.float32, (2, 3)), (torch.int8, (5,))]
 ROUTE = Route("file", ((0, 1),), "0123abcd")

@@ -49,7 +49,7 @@ from distinit.broadcast._transport.pack import (
 )
 
 if TYPE_CHECKING:
-    from distinit.broadcast._transport.choose import Route, Via
+    from distinit.broadcast._transport.pack import Route, Via
 
 logger = logging.getLogger("distinit.broadcast")
 

@@ -9,6 +9,7 @@ error they raise together when a step failed on some ranks).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,45 @@ from distinit.errors import BroadcastMismatchError
 
 ALIGN = 64
 """Each tensor starts on a 64-byte boundary of a segment or file (any dtype's alignment, one cache line)."""
+
+
+VIAS = {"network": 0, "auto": 1, "shm": 2, "file": 3}
+"""``via=`` values and their codes in the header's flags word (0: the default, so old rows read as network)."""
+VIA_SHIFT = 8
+"""The flags word's bits 8-11 carry the code; bit 0 is ``FLAG_FLAT``, bit 1 ``FLAG_ZERO_COPY``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Via:
+    """One rank's transport choice, checked on entry."""
+
+    name: str
+    path: str | None = None
+    zero_copy: bool = False
+    keep: bool = False
+
+    @property
+    def flags(self) -> int:
+        """The header flag bits announcing this choice (and whether this rank asked for ``zero_copy``)."""
+        return VIAS[self.name] << VIA_SHIFT | (_header.FLAG_ZERO_COPY if self.zero_copy else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """How one call moves its payload: the same on every rank.
+
+    ``hosts``: each host's group ranks, its leader first (src on its own host; else the lowest rank);
+    src's host comes first. ``token``: src's random hex, part of every segment and file name.
+    """
+
+    kind: str  # "network", "shm" or "file"
+    hosts: tuple[tuple[int, ...], ...]
+    token: str
+    note: str = ""
+
+    def host_of(self, rank: int) -> int:
+        """The index of ``rank``'s host in :attr:`hosts`."""
+        return next(i for i, ranks in enumerate(self.hosts) if rank in ranks)
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
