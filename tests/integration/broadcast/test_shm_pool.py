@@ -191,6 +191,33 @@ def _hosts(rank: int) -> dict[str, Any]:
     return {"equal": all(equal), "pooled": bool(ids[0]) and len(set(ids)) == 1}
 
 
+def _auto(rank: int) -> dict[str, Any]:
+    """via="auto" with copying receivers: 64 MiB three times, then another size once; the route of each call."""
+    import logging
+
+    import torch
+
+    from distinit.broadcast import broadcast_tensor
+
+    routes: list[str] = []
+
+    class Routes(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            facts = getattr(record, "distinit", None)
+            if isinstance(facts, dict) and facts.get("event") == "broadcast.route":
+                routes.append(str(facts["route"]))
+
+    logger = logging.getLogger("distinit.broadcast")
+    logger.addHandler(Routes(logging.DEBUG))
+    logger.setLevel(logging.DEBUG)
+    equal = []
+    for call, nbytes in enumerate((64 << 20, 64 << 20, 64 << 20, 80 << 20)):
+        ref = torch.arange(nbytes // 4, dtype=torch.int32) + call
+        got = broadcast_tensor(ref if rank == 0 else torch.empty_like(ref), via="auto", timeout=TIMEOUT)
+        equal.append(torch.equal(got, ref))
+    return {"equal": all(equal), "routes": routes}
+
+
 def _killed(rank: int) -> dict[str, Any]:
     """A pooled call, then wait to be SIGKILLed by the test (bounded)."""
     from distinit.broadcast import broadcast_state_dict
@@ -215,7 +242,7 @@ def _rank_main(scenario: str) -> None:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=90))
     rank = dist.get_rank()
-    result = {"reuse": _reuse, "attacked": _attacked, "killed": _killed, "hosts": _hosts}[scenario](rank)
+    result = {"reuse": _reuse, "attacked": _attacked, "killed": _killed, "hosts": _hosts, "auto": _auto}[scenario](rank)
     os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())
     if scenario == "attacked":  # leave the world's pool to the exit pass (checked through exit_file)
         dist.barrier()
@@ -348,6 +375,28 @@ def test_each_hosts_leader_pools_its_own_segment_across_hosts(tmp_path: Path) ->
     """Ranks 2, 3 in a fake host (a private /dev/shm): src sends to rank 2 by the network, each host pools."""
     results = _job(tmp_path, "hosts", 4, hosts=[((0, 1), None), ((2, 3), "64m")]).results(timeout=120)
     assert all(r.get("equal") is True and r.get("pooled") is True for r in results), results
+
+
+@pytest.mark.timeout(150)
+def test_auto_takes_the_pool_from_the_second_call_of_a_layout(tmp_path: Path) -> None:
+    """The first 64 MiB call and a one-off size go by the network; repeats by the pool, on every rank alike."""
+    results = _job(tmp_path, "auto", 2).results(timeout=120)
+    for result in results:
+        assert result.get("equal") is True and result["routes"] == ["network", "shm", "shm", "network"], result
+
+
+def test_auto_takes_the_pool_only_where_every_leader_admits_the_payload() -> None:
+    """decide() is pure: a repeated 64 MiB payload above one host leader's pool cap stays on the network."""
+    from distinit.broadcast._transport.choose import decide
+
+    def rows(cap_of_rank_2: int) -> list[list[int]]:  # ranks 0, 1 on host a; 2, 3 on host b; plenty of /dev/shm
+        return [[1, 1, 1 << 40, 5, 5, 1 << 30]] * 2 + [[2, 2, 1 << 40, 5, 5, cap_of_rank_2]] * 2
+
+    total = 64 << 20
+    assert decide("auto", rows(1 << 30), src=0, total=total, zero_copy=False, repeat=True).kind == "shm"
+    assert decide("auto", rows(1 << 20), src=0, total=total, zero_copy=False, repeat=True).kind == "network"
+    assert decide("auto", rows(1 << 30), src=0, total=total, zero_copy=False, repeat=False).kind == "network"
+    assert decide("auto", rows(-1), src=0, total=total, zero_copy=False, repeat=True).kind == "network"  # malformed
 
 
 @pytest.mark.timeout(180)

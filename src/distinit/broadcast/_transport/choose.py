@@ -44,10 +44,16 @@ after it, the leader's comparison makes zero-copy about tie with the network at 
 ``zero_copy``, a host holds at least :data:`AUTO_SHM_MIN_RANKS` ranks, and the payload is at least
 :data:`AUTO_SHM_MIN_BYTES`. Copying receivers were slower by shm than by gloo there (two copies and fresh
 tmpfs pages against one loopback copy), so ``auto`` leaves them on the network."""
+AUTO_POOL_MIN_BYTES = 64 << 20
+"""Since issue 27's segment pool, ``via="auto"`` also takes shared memory for copying receivers: from the
+second consecutive call of a payload size of at least this many bytes (``shm.repeated``), when every sharing
+host's leader admits it under its pool cap (``DISTINIT_SHM_POOL_BYTES``). Measured
+(``benchmarks/bench_broadcast.py --parts repeat``): the pool 1.79-2.01x the network at 64 MiB and 1.91-2.54x at
+256 MiB (world 2), 2.11-2.31x and 2.72-3.35x (world 4); 1.09-1.66x at 16 MiB; a first call pays for the pool."""
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 PID_NS = "/proc/self/ns/pid"
 
-ROW_WORDS = 5  # host key (2 words), free /dev/shm bytes, token (2 words)
+ROW_WORDS = 6  # host key (2 words), free /dev/shm bytes, token (2 words), pool cap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,13 +182,15 @@ def group_hosts(keys: Sequence[tuple[int, int]], src: int) -> tuple[tuple[int, .
     return tuple(tuple(h) for h in sorted(hosts, key=lambda h: (h[0] != src, min(h))))
 
 
-def settled(via: str, *, zero_copy: bool, total: int, size: int) -> Route | None:
+def settled(via: str, *, zero_copy: bool, total: int, size: int, repeat: bool = False) -> Route | None:
     """The route when the verified header alone decides it, else None (the ranks must agree on hosts).
 
     ``via="auto"`` stays on the network unless some rank asked for ``zero_copy`` (``zero_copy``: the header
     verdict's answer, the same on every rank) and the payload is at least :data:`AUTO_SHM_MIN_BYTES`; ``total``
-    follows from the verified call, so every rank settles alike, without a collective. A group of one rank
-    (``size``) shares memory with no one: shm and auto take the network (as :func:`decide` would say).
+    follows from the verified call, so every rank settles alike, without a collective. Nor when ``repeat`` (the
+    group's previous auto call moved as many bytes, :data:`AUTO_POOL_MIN_BYTES` or more: the pool's case). A
+    group of one rank (``size``) shares memory with no one: shm and auto take the network (as :func:`decide`
+    would say).
     """
     if via == "file" or (via == "shm" and size > 1):
         return None
@@ -194,6 +202,8 @@ def settled(via: str, *, zero_copy: bool, total: int, size: int) -> Route | None
         return None
     if zero_copy and total >= AUTO_SHM_MIN_BYTES:
         return None
+    if repeat and not zero_copy and total >= AUTO_POOL_MIN_BYTES:  # the pool's case: agree on hosts and caps
+        return None
     return Route("network", (), "", _auto_note(total))
 
 
@@ -204,15 +214,19 @@ def _auto_note(total: int, per_host: int | None = None) -> str:
     hosts = f", hosts of {per_host} ranks at most" if per_host is not None else ""
     return (
         f"via='auto' keeps the network unless a rank asks for zero_copy, a host holds >= {AUTO_SHM_MIN_RANKS} "
-        f"ranks and the payload is >= {AUTO_SHM_MIN_BYTES} bytes ({total} bytes{hosts})"
+        f"ranks and the payload is >= {AUTO_SHM_MIN_BYTES} bytes, or the same payload of >= {AUTO_POOL_MIN_BYTES} "
+        f"bytes comes again within every leader's pool cap ({total} bytes{hosts})"
     )
 
 
-def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int, zero_copy: bool) -> Route:
+def decide(
+    via: str, rows: Sequence[Sequence[int]], *, src: int, total: int, zero_copy: bool, repeat: bool = False
+) -> Route:
     """The route every rank takes, from every rank's agreement row (pure: the same on every rank).
 
     ``rows[r]``: rank r's host key (2 words), its free /dev/shm bytes and its token (2 words; src's is used).
-    ``zero_copy``: whether some rank asked for ``zero_copy`` (from the header verdict).
+    ``zero_copy``: whether some rank asked for ``zero_copy`` (from the header verdict). ``repeat``: the
+    group's previous auto call moved as many bytes; then each row's 6th word, the rank's pool cap, counts.
     """
     hosts = group_hosts([(int(row[0]), int(row[1])) for row in rows], src)
     token = f"{int(rows[src][3]) & (2**63 - 1):016x}{int(rows[src][4]) & (2**63 - 1):016x}"
@@ -224,7 +238,7 @@ def decide(via: str, rows: Sequence[Sequence[int]], *, src: int, total: int, zer
         note = "nothing to move"
     elif not shared:
         note = _NOT_SHARED.format(ranks=len(rows))
-    elif via == "auto" and not _auto_pays(zero_copy, shared, total):
+    elif via == "auto" and not _auto_pays(zero_copy, shared, total) and not _pool_pays(rows, shared, total, repeat):
         note = _auto_note(total, max(len(h) for h in shared))
     else:
         short = [h[0] for h in shared if int(rows[h[0]][2]) < total + ALIGN]
@@ -239,6 +253,12 @@ def _auto_pays(zero_copy: bool, shared: Sequence[tuple[int, ...]], total: int) -
     return zero_copy and total >= AUTO_SHM_MIN_BYTES and max(len(h) for h in shared) >= AUTO_SHM_MIN_RANKS
 
 
+def _pool_pays(rows: Sequence[Sequence[int]], shared: Sequence[tuple[int, ...]], total: int, repeat: bool) -> bool:
+    """Whether a repeated call is large enough for the pool and every sharing host's leader admits it (cap)."""
+    admitted = all(len(rows[h[0]]) > 5 and int(rows[h[0]][5]) >= total for h in shared)
+    return repeat and total >= AUTO_POOL_MIN_BYTES and admitted
+
+
 def agree(ctx: CallContext, via: Via, views: Sequence[_header.View], spec: Spec) -> Route:
     """The route of a verified call with ``via`` other than "network" (logged; a warning on shm's fallback).
 
@@ -250,7 +270,10 @@ def agree(ctx: CallContext, via: Via, views: Sequence[_header.View], spec: Spec)
     """
     total = slots(spec)[1]
     zero_copy = any(view.flags & _header.FLAG_ZERO_COPY for view in views)
-    route = settled(via.name, zero_copy=zero_copy, total=total, size=ctx.size) or _gathered(ctx, via, total, zero_copy)
+    repeat = via.name == "auto" and shm.repeated(ctx.group, total) and not zero_copy  # recorded on every auto call
+    route = settled(via.name, zero_copy=zero_copy, total=total, size=ctx.size, repeat=repeat) or _gathered(
+        ctx, via, total, zero_copy, repeat
+    )
     logger.debug(
         "rank %d: %s call #%d moves %d bytes by %s (%d hosts)%s",
         ctx.rank, ctx.call, ctx.seq, total, route.kind, len(route.hosts), f": {route.note}" if route.note else "",
@@ -267,10 +290,12 @@ def agree(ctx: CallContext, via: Via, views: Sequence[_header.View], spec: Spec)
     return route
 
 
-def _gathered(ctx: CallContext, via: Via, total: int, zero_copy: bool) -> Route:
+def _gathered(ctx: CallContext, via: Via, total: int, zero_copy: bool, repeat: bool) -> Route:
     """The route :func:`decide` makes of every rank's host key, free space and token (one all_gather)."""
     hi, lo = host_key()
-    row = torch.tensor([hi, lo, shm_free(), secrets.randbits(63), secrets.randbits(63)], dtype=torch.int64)
+    cap = shm.pool_cap()
+    words = [hi, lo, shm_free(), secrets.randbits(63), secrets.randbits(63), -1 if cap is None else cap]
+    row = torch.tensor(words, dtype=torch.int64)
     try:
         blobs = _header.exchange_blobs(
             row.view(torch.uint8), width=ROW_WORDS * 8, group_size=ctx.size, group=ctx.group,
@@ -279,7 +304,7 @@ def _gathered(ctx: CallContext, via: Via, total: int, zero_copy: bool) -> Route:
     except _header.CollectiveFailed as exc:
         raise timeout_error(ctx, "transport agreement", exc) from exc
     rows = [b.view(torch.int64).tolist() for b in blobs]
-    return decide(via.name, rows, src=ctx.src, total=total, zero_copy=zero_copy)
+    return decide(via.name, rows, src=ctx.src, total=total, zero_copy=zero_copy, repeat=repeat)
 
 
 def move(

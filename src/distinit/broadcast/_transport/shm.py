@@ -70,7 +70,7 @@ from distinit.broadcast._transport.pack import (
 )
 
 if TYPE_CHECKING:
-    from distinit.broadcast._transport.choose import Route
+    from distinit.broadcast._transport.pack import Route
 
 logger = logging.getLogger("distinit.broadcast")
 
@@ -371,6 +371,7 @@ class GroupPool:
     def __init__(self) -> None:
         self.mine: Pooled | None = None
         self.read: dict[int, Mapped] = {}  # by the leader's rank in the group
+        self.last_auto = -1  # the payload size of the group's last via="auto" call (see :func:`repeated`)
 
     def drop_mine(self) -> None:
         """Release the segment this process writes as a leader (its readers let it go at their next call)."""
@@ -406,6 +407,17 @@ def _pool_of(group: Any) -> GroupPool:
             pool = _POOLS[group] = GroupPool()
             weakref.finalize(group, pool.close)  # also runs at exit (atexit) for groups still alive
         return pool
+
+
+def repeated(group: Any, total: int) -> bool:
+    """Whether the group's previous ``via="auto"`` call moved ``total`` bytes too; records this call.
+
+    Every rank of a group verifies the same calls in the same order, so every rank answers alike without a
+    collective (``via="auto"`` takes the pool only from the second call of a layout: its first pays for it).
+    """
+    pool = _pool_of(group)
+    again, pool.last_auto = pool.last_auto == total, total
+    return again
 
 
 def pool_bytes() -> int:
