@@ -2,7 +2,8 @@
 
 Imports point one way (STYLE.md section 1): the leaves (errors, durations, foreign-error text) import only the
 standard library; env imports no other capability and no torch; broadcast and watchdog know nothing of init or of
-each other; no capability imports the testing plugin, the CLI or the package face (``import distinit``).
+each other; no capability imports the testing plugin, the CLI or the package face (``import distinit``); no module
+imports another package's ``_private`` module (shared helpers are top-level modules or a package's exports).
 """
 
 from __future__ import annotations
@@ -139,3 +140,41 @@ def test_host_identity_is_shared_and_torch_free() -> None:
     assert not [name for name in names if name == "torch" or name.startswith("torch.")]
     ours = {_layer(name) for name in names if name.startswith("distinit.")}
     assert ours <= {"errors", "env", "_duration", "_foreign"}, ours
+
+
+def _private_reach(own: str, names: set[str]) -> list[str]:
+    """Which of ``names`` (imported by module ``own``) are another package's ``_private`` modules."""
+    here = own.split(".")[1] if "." in own else ""
+    bad = []
+    for name in sorted(names):
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] == here:
+            continue  # the package face, a top-level module (distinit._net), or this package's own modules
+        if any(part.startswith("_") for part in parts[2:]):
+            bad.append(f"{own} imports {name}")
+    return bad
+
+
+def test_no_module_reaches_into_another_packages_private_modules() -> None:
+    # A package's face is its __init__ (its exports); its _modules are its own. Shared helpers live in
+    # top-level modules (distinit._duration, _identity, _net, _board) or are exported by their package.
+    # A `python -m` entry point (__main__.py) may run the CLI, as test_capability_imports_point_one_way says.
+    bad = [
+        line
+        for path in _modules()
+        if path.name != "__main__.py"
+        for line in _private_reach(_name(path), _distinit_imports(path))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_private_reach_is_seen(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "def f():\n    from distinit.init._join import JoinProtocol\n    from distinit._net import probe\n"
+    )
+    names = {name for name in _imports(module) if name.startswith("distinit.")}
+    assert _private_reach("distinit.doctor._probe", names) == [
+        "distinit.doctor._probe imports distinit.init._join",
+        "distinit.doctor._probe imports distinit.init._join.JoinProtocol",
+    ]

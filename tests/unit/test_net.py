@@ -14,13 +14,13 @@ from distinit import _net
 @pytest.mark.parametrize(
     ("address", "loopback"),
     [
-        pytest.param("127.0.0.1", True, id="v4"),
-        pytest.param("127.0.1.1", True, id="debian-hostname"),
-        pytest.param("::1", True, id="v6"),
-        pytest.param("::ffff:127.0.0.1", True, id="v4-mapped"),
-        pytest.param("10.0.0.1", False, id="private"),
-        pytest.param("fe80::1%eth0", False, id="link-local-scoped"),
-        pytest.param("node-1", False, id="a-name"),
+        pytest.param("127.0.1.1", True, id="debian-127.0.1.1"),
+        pytest.param("127.0.0.1", True, id="127.0.0.1"),
+        pytest.param("::1", True, id="ipv6-loopback"),
+        pytest.param("::ffff:127.0.1.1", True, id="ipv4-mapped-loopback"),
+        pytest.param("10.0.0.5", False, id="private"),
+        pytest.param("fe80::1%eth0", False, id="link-local-with-scope"),
+        pytest.param("node07", False, id="a-name"),
         pytest.param("", False, id="empty"),
     ],
 )

@@ -30,11 +30,11 @@ from torch.distributed import HashStore
 
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
-from distinit.init import _attempt, _loopback
+from distinit.init import _loopback
 from distinit.init._attempt import Rendezvous
 from distinit.init._form import choose_backend, claim_of, device_plan, settle
 from distinit.init._heartbeat import Liveness, peer_closed
-from distinit.init._policy import AttemptFailed, Backoff, Bounds, Pace, loss_bound
+from distinit.init._policy import AttemptFailed, Backoff, Bounds
 from distinit.init._report import AttemptRecord, InitReport
 from distinit.init._thread import OVERRUN_GRACE, PROCESS, check_no_leftover
 
@@ -245,20 +245,10 @@ def _rendezvous(world: DistEnv, backend: str, *, device_id: int | torch.device |
             elapsed=0.0,
             already_initialized=True,
         )
-    _loopback.check_master(
-        master_addr=world.master_addr,
-        master_port=world.master_port,
-        world_size=world.world_size,
-        rank=world.rank,
-        launcher=world.launcher,
-    )
-    _loopback.check_backend(backend, rank=world.rank)
-    _loopback.check_interfaces(backend, os.environ, rank=world.rank)
-    trap = _loopback.loopback_trap(backend, world, os.environ)  # what gloo would advertise: looked up once
-    _loopback.check_advertised_address(backend, world, os.environ, trap=trap)
+    trap = _loopback.preflight(backend, world, os.environ)
     if world.world_size == 1 and not (world.master_addr and world.master_port):
         return _alone(world, backend, bounds=bounds, device_id=device_id, verify=call.verify)
-    session = Rendezvous(
+    return Rendezvous(
         env=world,
         backend=backend,
         bounds=bounds,
@@ -268,11 +258,7 @@ def _rendezvous(world: DistEnv, backend: str, *, device_id: int | torch.device |
         backoff=call.backoff,
         call=PROCESS.take_call(),
         watch_init=trap is not None,
-    )
-    _attempt.run(session)
-    report = _report(session)
-    _log_done(report)
-    return report
+    ).run()
 
 
 def _alone(
@@ -296,60 +282,14 @@ def _alone(
     )
 
 
-def _report(session: Rendezvous) -> InitReport:
-    """The :class:`InitReport` of the group ``session`` formed."""
-    return InitReport.model_validate(
-        {
-            "backend": session.backend,
-            "rank": session.rank,
-            "world_size": session.world_size,
-            "master": session.master.name,
-            "store": "agent" if session.agent else "hosted" if session.hosting else "client",
-            "generation": session.generation,
-            "attempts": tuple(session.log.records),
-            "elapsed": round(time.monotonic() - session.start, 4),
-            "group_counter_reset": session.former.counter_resets,
-            "world": session.former.world,
-        }
-    )
-
-
-def _log_done(report: InitReport) -> None:
-    logger.info(
-        "rank %d: %s process group formed at %s in %.2f s after %d attempt(s)",
-        report.rank,
-        report.backend,
-        report.master,
-        report.elapsed,
-        len(report.attempts),
-        extra={
-            "distinit": {
-                "event": "init.done",
-                "rank": report.rank,
-                "world_size": report.world_size,
-                "elapsed_s": report.elapsed,
-                "attempts": len(report.attempts),
-                "generation": report.generation,
-            }
-        },
-    )
-
-
 def _watch(world_size: int) -> Liveness | None:
     """Keep the ranks' liveness after setup() (see :class:`~._heartbeat.Liveness`) on the group's store."""
     default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
     if world_size < 2 or default_store is None or not dist.is_initialized():
         return None
-    pace = Pace.for_world(world_size, loss_bound=loss_bound(os.environ))
-    liveness = Liveness(
-        dist.PrefixStore("distinit", default_store()),
-        rank=dist.get_rank(),
-        world_size=world_size,
-        beat=pace.beat,
-        stale=pace.stale,
+    return Liveness.started(
+        dist.PrefixStore("distinit", default_store()), rank=dist.get_rank(), world_size=world_size, environ=os.environ
     )
-    liveness.start()
-    return liveness
 
 
 def _name_the_lost(liveness: Liveness) -> None:

@@ -4,7 +4,7 @@ One attempt: reach the store (rank 0 hosts it; the others probe and connect), ru
 this call's namespace and the store's current generation, then form the group on that generation's
 ``PrefixStore``. A failure that waiting may cure is an :class:`AttemptFailed` and is retried with back-off
 until the deadline; a misconfiguration verdict is raised at once. The attempts run in a thread that the
-caller may abandon (:mod:`distinit.init._thread`); :func:`run` starts it and handles how it ended.
+caller may abandon (:mod:`distinit.init._thread`); :meth:`Rendezvous.run` starts it and handles how it ended.
 
 The attempt loop (:meth:`Rendezvous.run_attempts`) reads top to bottom: attempt; on a retryable failure,
 :func:`~distinit.init._policy.next_pause` says how long to pause, or that the deadline leaves no room and the
@@ -36,7 +36,7 @@ from distinit.init._form import GroupFormer, InitWatch
 from distinit.init._heartbeat import host_gone
 from distinit.init._join import JoinProtocol, wait_for_key
 from distinit.init._policy import AttemptFailed, Backoff, Bounds, Grace, loss_bound, next_pause, quote
-from distinit.init._report import AttemptRecord, Phase
+from distinit.init._report import AttemptRecord, InitReport, Phase
 from distinit.init._store import SPECIFIC, Master, connect_store, specific_error
 from distinit.init._thread import PROCESS, Abandoned, Handover, leave_behind, run_guarded
 
@@ -184,9 +184,14 @@ class Rendezvous:
         self.grace = Grace(foreign=bounds.attempt_timeout)
         self.handover = Handover()
         self.former = GroupFormer(
-            backend=backend, env=env, environ=environ, bounds=bounds, device_id=device_id, verify=verify
+            backend=backend,
+            env=env,
+            environ=environ,
+            bounds=bounds,
+            device_id=device_id,
+            verify=verify,
+            watch=InitWatch(self.master, env=env, hosting=self.hosting, enabled=watch_init),
         )
-        self.watch = InitWatch(self.master, env=env, hosting=self.hosting, enabled=watch_init)
         self.log = AttemptLog(rank=self.rank, master=self.master.name, start=self.start, deadline_at=self.deadline_at)
         self.store: TCPStore | None = None
         self.join: JoinProtocol | None = None
@@ -215,8 +220,7 @@ class Rendezvous:
                 # its own, give up first, and fall a generation out of phase with it.
                 self._phase = "init"
                 formed_by = min(time.monotonic() + self.bounds.attempt_timeout, self.deadline_at)
-                with self.watch.during(join.namespace, generation):  # a peer's verdict ends a blocked init
-                    self.former.form(join, generation, end=formed_by)
+                self.former.form(join, generation, end=formed_by)
                 if self.former.verify:
                     self._phase = "verify"
                 self.former.check(join, generation, end=formed_by)
@@ -248,7 +252,7 @@ class Rendezvous:
         self._phase = "join"
         self.generation = generation = join.generation()
         join.enter(generation)
-        join.wait(generation, end - time.monotonic(), sleep=self.handover.sleep)
+        join.wait(generation, end - time.monotonic(), stop=self.handover.gave_up)
         return join, generation
 
     def _open_store(self, end: float) -> None:
@@ -260,7 +264,7 @@ class Rendezvous:
                     self._claim_as_duplicate_master(end)
                 raise
         else:
-            store = _store.connect(self.master, end=end, grace=self.grace, rng=self.rng, sleep=self.handover.sleep)
+            store = _store.connect(self.master, end=end, grace=self.grace, rng=self.rng, stop=self.handover.gave_up)
         self.store, self.join = store, self._protocol(store)
         self.last_join = self.join  # what the join counted stays readable after the store is dropped
 
@@ -339,7 +343,7 @@ class Rendezvous:
         if join is not None and generation is not None and records and records[-1].phase == "join":
             state = f"{join.namespace}g{generation}/state"
             with contextlib.suppress(dist.DistError):  # the store went away: sleep out the pause
-                if wait_for_key(join.store, state, end, sleep=self.handover.sleep, poll=join.pace.poll):
+                if wait_for_key(join.store, state, end, stop=self.handover.gave_up, poll=join.pace.poll):
                     return
         self.handover.sleep(end - time.monotonic())
 
@@ -412,6 +416,13 @@ class Rendezvous:
                 self.log.log_failure(number, failure, pause, phase=self._phase, generation=self.generation)
             self.pause(pause)
 
+    def run(self) -> InitReport:
+        """Run the attempts in a guarded thread; the report once the group formed, or raise what ended them."""
+        _wait_for(self)
+        report = _report(self)
+        _log_done(report)
+        return report
+
     def position(self) -> tuple[int, str, str, float]:
         """Where the attempts are now: (attempt number, phase or "the pause", in words, seconds there)."""
         number, begun = self._attempt
@@ -432,7 +443,7 @@ def _clear_frames(exc: BaseException | None) -> None:
 
 
 # the caller's side ----------------------------------------------------------------------------------------------
-def run(session: Rendezvous) -> None:
+def _wait_for(session: Rendezvous) -> None:
     """Run ``session``'s attempts in a guarded thread; return once the group formed, or raise what ended them."""
     device = None
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -440,7 +451,7 @@ def run(session: Rendezvous) -> None:
     name = f"distinit-rendezvous-rank{session.rank}"
     thread = threading.Thread(target=session.run_attempts, args=(device,), name=name, daemon=True)
     outcome = run_guarded(
-        thread, deadline_at=session.deadline_at, handover=session.handover, early=session.watch.verdict
+        thread, deadline_at=session.deadline_at, handover=session.handover, early=session.former.watch
     )
     if outcome.kind == "interrupted":
         _interrupted(session, thread, formed=outcome.formed)
@@ -490,3 +501,42 @@ def _interrupted(session: Rendezvous, thread: threading.Thread, *, formed: bool)
         return
     PROCESS.resume = True
     leave_behind(thread, f"interrupted, {session.position()[2]} at {session.master.name}", stuck=False)
+
+
+def _report(session: Rendezvous) -> InitReport:
+    """The :class:`InitReport` of the group ``session`` formed."""
+    return InitReport.model_validate(
+        {
+            "backend": session.backend,
+            "rank": session.rank,
+            "world_size": session.world_size,
+            "master": session.master.name,
+            "store": "agent" if session.agent else "hosted" if session.hosting else "client",
+            "generation": session.generation,
+            "attempts": tuple(session.log.records),
+            "elapsed": round(time.monotonic() - session.start, 4),
+            "group_counter_reset": session.former.counter_resets,
+            "world": session.former.world,
+        }
+    )
+
+
+def _log_done(report: InitReport) -> None:
+    logger.info(
+        "rank %d: %s process group formed at %s in %.2f s after %d attempt(s)",
+        report.rank,
+        report.backend,
+        report.master,
+        report.elapsed,
+        len(report.attempts),
+        extra={
+            "distinit": {
+                "event": "init.done",
+                "rank": report.rank,
+                "world_size": report.world_size,
+                "elapsed_s": report.elapsed,
+                "attempts": len(report.attempts),
+                "generation": report.generation,
+            }
+        },
+    )

@@ -124,9 +124,11 @@ class GroupFormer:
         bounds: Bounds,
         device_id: int | torch.device | None,
         verify: bool,
+        watch: InitWatch,
     ) -> None:
+        """``watch``: looks for a peer's init verdict while init runs (the caller polls ``watch.verdict``)."""
         self.backend, self.env, self.environ = backend, env, environ
-        self.bounds, self.device_id, self.verify = bounds, device_id, verify
+        self.bounds, self.device_id, self.verify, self.watch = bounds, device_id, verify, watch
         #: The world as the ranks' host identities verified it (set by a verified ``form``).
         self.world: DistEnv | None = None
         #: How often torch's leaked group counter was reset (reported as ``group_counter_reset``).
@@ -143,7 +145,7 @@ class GroupFormer:
         bound = to_timedelta(max(end - time.monotonic(), 1.0))
         store.set_timeout(bound)  # the store keeps this bound through the check (NCCL's lazy communicator)
         try:
-            with self._undone_on_failure(join, generation):
+            with self._undone_on_failure(join, generation), self.watch.during(join.namespace, generation):
                 init_group(
                     self.backend,
                     store=dist.PrefixStore(join.prefix(generation), store),
@@ -598,11 +600,8 @@ class InitWatch:
     def __init__(self, master: Master, *, env: DistEnv, hosting: bool, enabled: bool) -> None:
         """``enabled``: :func:`~distinit.init._loopback.loopback_trap` found the trap possible here."""
         self.master, self.env, self.hosting, self.enabled = master, env, hosting, enabled
-        self._verdict: RendezvousError | None = None
-
-    def verdict(self) -> RendezvousError | None:
-        """The verdict a peer published while this rank was in init, or None (read by the caller's thread)."""
-        return self._verdict
+        #: The verdict a peer published while this rank was in init, or None (read by the caller's thread).
+        self.verdict: RendezvousError | None = None
 
     @contextlib.contextmanager
     def during(self, namespace: str, generation: int) -> Iterator[None]:
@@ -635,7 +634,7 @@ class InitWatch:
                 found = board.read()
                 if found is not None:
                     _acknowledge(board, hosting=self.hosting)
-                    self._verdict = _messages.verdict_from_json(found, rank=self.env.rank)
+                    self.verdict = _messages.verdict_from_json(found, rank=self.env.rank)
                     return
         except _Failure as exc:  # the store went away: the attempt itself sees that too
             logger.debug("rank %d: init watch stopped: %s", self.env.rank, exc)

@@ -21,7 +21,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
 import torch.distributed as dist
@@ -32,7 +32,7 @@ from distinit._duration import wait_bound
 from distinit._net import probe
 from distinit.errors import RankLostError, RendezvousError
 from distinit.init import _messages
-from distinit.init._policy import BEAT, STALE
+from distinit.init._policy import BEAT, STALE, Pace, loss_bound
 from distinit.init._store import Master
 
 logger = logging.getLogger("distinit.init")
@@ -228,6 +228,14 @@ class Liveness:
     def _board(self) -> Board:
         """The ``lost`` key: who went away, published by the first rank that knew (built on use: no store kept)."""
         return Board(self.store, "lost", rank=self.rank, world_size=self.world_size)
+
+    @classmethod
+    def started(cls, store: Store, *, rank: int, world_size: int, environ: Mapping[str, str]) -> Liveness:
+        """A started watch at the join's pace for ``world_size`` (and the loss bound ``environ`` sets)."""
+        pace = Pace.for_world(world_size, loss_bound=loss_bound(environ))
+        liveness = cls(store, rank=rank, world_size=world_size, beat=pace.beat, stale=pace.stale)
+        liveness.start()
+        return liveness
 
     def start(self) -> None:
         """Start the thread (its first act writes who this rank is)."""

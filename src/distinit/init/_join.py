@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,10 +41,12 @@ import torch.distributed as dist
 from torch.distributed import Store
 
 from distinit._board import Board, text
+from distinit._duration import wait_bound
 from distinit.errors import RankLostError, RendezvousError, WorldSizeMismatchError
 from distinit.init import _messages
 from distinit.init._heartbeat import Heartbeat, Silent, follow_arrivals
-from distinit.init._policy import POLL, AttemptFailed, Pace, PauseSchedule
+from distinit.init._policy import FIRST_POLL, GROWTH, POLL, AttemptFailed, Pace
+from distinit.init._thread import Abandoned
 
 logger = logging.getLogger("distinit.init")
 
@@ -265,10 +268,18 @@ class JoinProtocol:
         if heartbeat is not None:
             heartbeat.stop()
 
-    def wait(self, generation: int, timeout: float, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    def wait(
+        self,
+        generation: int,
+        timeout: float,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        stop: threading.Event | None = None,
+    ) -> None:
         """Wait up to ``timeout`` seconds until every rank joined ``generation`` (see :func:`wait_for_key`).
 
-        ``sleep`` pauses between polls; it may raise to call the wait off (the caller gave up).
+        ``sleep`` pauses between polls; it may raise to call the wait off. ``stop``: set when the caller gave
+        up; the wait then raises :class:`~distinit.init._thread.Abandoned` at once.
 
         Raises:
             AttemptFailed: (kind ``join``) not all ranks joined in time; names the missing ranks.
@@ -282,7 +293,7 @@ class JoinProtocol:
             self._next_progress = now + PROGRESS_FIRST
         while True:
             if wait_for_key(
-                self.store, key, end, sleep=sleep, tick=lambda: self._tick(generation), poll=self.pace.poll
+                self.store, key, end, sleep=sleep, stop=stop, tick=lambda: self._tick(generation), poll=self.pace.poll
             ):
                 state: str | None = text(self.store.get(key))
             else:
@@ -594,33 +605,61 @@ def decode_ranks(text: str, world_size: int) -> list[int]:
     return out
 
 
+class PauseSchedule:
+    """Pauses between polls of one wait: ``first`` x ``GROWTH`` ** n, at most ``longest``.
+
+    ``first`` is ``longest`` x ``FIRST_POLL`` / ``POLL`` (5 ms at the base interval; constants of
+    :mod:`distinit.init._policy`): a large world, whose joins take longer anyway, does not spend its first
+    second on polls that cannot succeed yet.
+    """
+
+    def __init__(self, longest: float) -> None:
+        self.longest = longest
+        self._next = longest * FIRST_POLL / POLL
+
+    def next(self) -> float:
+        """The next pause (each one :data:`~distinit.init._policy.GROWTH` times the last, up to ``longest``)."""
+        pause = self._next
+        self._next = min(pause * GROWTH, self.longest)
+        return pause
+
+
 def wait_for_key(
     store: Store,
     key: str,
     end: float,
     *,
     sleep: Callable[[float], None] = time.sleep,
+    stop: threading.Event | None = None,
     tick: Callable[[], None] = lambda: None,
     poll: float = POLL,
 ) -> bool:
     """Wait until ``key`` exists on ``store`` or the monotonic time ``end``; True if it exists.
 
     Polls with ``check`` (one round trip) at growing pauses, from a few milliseconds up to ``poll`` s (see
-    :class:`~distinit.init._policy.PauseSchedule`): a key set within milliseconds is seen within milliseconds,
+    :class:`PauseSchedule`): a key set within milliseconds is seen within milliseconds,
     and a long wait costs the store one check per ``poll``. No blocking store ``wait``: it cannot be called
     off, and c10d logs a "waitForInput ... timed out" warning each time one times out. ``sleep`` pauses
-    between polls (and may raise to call the wait off); ``tick`` runs at every poll.
+    between polls (and may raise to call the wait off); ``stop``, once set, calls it off with
+    :class:`~distinit.init._thread.Abandoned`; ``tick`` runs at every poll.
 
     Raises:
         torch.distributed.DistError: the store failed.
     """
     pauses = PauseSchedule(poll)
+
+    def pause(seconds: float) -> None:
+        if stop is None:
+            sleep(seconds)
+        elif stop.wait(wait_bound(seconds)):
+            raise Abandoned
+
     while True:
-        sleep(0.0)  # give the caller a chance to call the wait off
+        pause(0.0)  # give the caller a chance to call the wait off
         tick()
         if store.check([key]):
             return True
         left = end - time.monotonic()
         if left <= 0:
             return False
-        sleep(min(left, pauses.next()))
+        pause(min(left, pauses.next()))

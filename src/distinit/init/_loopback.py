@@ -301,6 +301,30 @@ def check_advertised_address(
     )
 
 
+def preflight(backend: str, world: DistEnv, environ: Mapping[str, str]) -> Trap | None:
+    """The local, instant checks before any network traffic, in order; the loopback trap gloo may meet here.
+
+    The trap is looked up once: refused here when ``GLOO_SOCKET_IFNAME`` is unset, watched for during init
+    when it names a loopback interface (see :func:`check_advertised_address`).
+
+    Raises:
+        SchedulerEnvError: MASTER_ADDR/MASTER_PORT missing or malformed.
+        RendezvousError: an unavailable backend, a bad interface name, or the loopback trap.
+    """
+    check_master(
+        master_addr=world.master_addr,
+        master_port=world.master_port,
+        world_size=world.world_size,
+        rank=world.rank,
+        launcher=world.launcher,
+    )
+    check_backend(backend, rank=world.rank)
+    check_interfaces(backend, environ, rank=world.rank)
+    trap = loopback_trap(backend, world, environ)
+    check_advertised_address(backend, world, environ, trap=trap)
+    return trap
+
+
 def check_existing(*, backend: str, rank: int, world_size: int) -> bool:
     """True if a compatible default group already exists; raises if an incompatible one does."""
     if not (dist.is_available() and dist.is_initialized()):

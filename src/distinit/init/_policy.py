@@ -286,28 +286,6 @@ class Pace:
         beat = BEAT * scale
         return cls(poll=POLL * scale, beat=beat, stale=max(STALE, STALE_BEATS * beat, loss_bound or 0.0))
 
-    def pauses(self) -> PauseSchedule:
-        """A fresh schedule of pauses between polls, growing to :attr:`poll`."""
-        return PauseSchedule(self.poll)
-
-
-class PauseSchedule:
-    """Pauses between polls of one wait: ``first`` x :data:`GROWTH` ** n, at most ``longest``.
-
-    ``first`` is ``longest`` x :data:`FIRST_POLL` / :data:`POLL` (5 ms at the base interval): a large world,
-    whose joins take longer anyway, does not spend its first second on polls that cannot succeed yet.
-    """
-
-    def __init__(self, longest: float) -> None:
-        self.longest = longest
-        self._next = longest * FIRST_POLL / POLL
-
-    def next(self) -> float:
-        """The next pause (each one :data:`GROWTH` times the last, up to ``longest``)."""
-        pause = self._next
-        self._next = min(pause * GROWTH, self.longest)
-        return pause
-
 
 #: The variable that raises the loss bound (seconds).
 LOSS_BOUND_VARIABLE = "DISTINIT_LOSS_BOUND"

@@ -13,7 +13,6 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -24,6 +23,7 @@ from distinit._net import binds, port_holder, probe
 from distinit.errors import RendezvousError
 from distinit.init import _messages
 from distinit.init._policy import AttemptFailed, FailureKind, Grace, quote
+from distinit.init._thread import Abandoned
 
 # --- store: The rendezvous store: rank 0 hosts one TCPStore for the whole deadline; the others connect with bounds.
 _BUSY_MARKERS = ("EADDRINUSE", "Address already in use", "errno: 98")
@@ -259,16 +259,19 @@ def host(master: Master, *, end: float) -> TCPStore:
 
 
 def connect(
-    master: Master, *, end: float, grace: Grace, rng: random.Random, sleep: Callable[[float], None]
+    master: Master, *, end: float, grace: Grace, rng: random.Random, stop: threading.Event | None = None
 ) -> TCPStore:
     """Probe the master until a TCPStore answers, then connect to it (ranks other than 0).
+
+    ``stop``: set when the caller gave up; the pause between probes then ends at once with
+    :class:`~distinit.init._thread.Abandoned`.
 
     Raises:
         AttemptFailed: nothing usable answered before ``end`` (the last probe's kind).
         RendezvousError: a failure outlasted its grace period (the specific error).
     """
     interval = FIRST_PROBE
-    failure: AttemptFailed | None = None
+    last: tuple[FailureKind, str] = ("refused", f"nothing listened on {master.name} within the attempt")
     while (left := end - time.monotonic()) > 0:
         probed_at = time.monotonic()
         seen = probe(master.addr, master.port, min(PROBE_TIMEOUT, left), handshake_timeout=min(HANDSHAKE_TIMEOUT, left))
@@ -276,11 +279,16 @@ def connect(
         if seen.kind == "tcpstore":
             grace.clear()
             return connect_store(master.addr, master.port, timeout=max(end - time.monotonic(), 1.0))
-        kind: FailureKind = "store" if seen.kind == "error" else seen.kind
-        failure = AttemptFailed(kind, f"{master.name}: {seen.detail}")
-        escalate(grace, failure, since=probed_at, master=master)
+        last = ("store" if seen.kind == "error" else seen.kind, f"{master.name}: {seen.detail}")
+        persisted = grace.observe(last[0], probed_at, time.monotonic())
+        if persisted is not None:
+            raise specific_error(AttemptFailed(*last), persisted.lasted, master)
         left = end - time.monotonic()
         if left > 0:
-            sleep(min(left, interval + rng.uniform(0, interval / 2)))
+            pause = min(left, interval + rng.uniform(0, interval / 2))
+            if stop is None:
+                time.sleep(pause)
+            elif stop.wait(wait_bound(pause)):
+                raise Abandoned
             interval = min(interval * 1.5, SLOWEST_PROBE)
-    raise failure or AttemptFailed("refused", f"nothing listened on {master.name} within the attempt")
+    raise AttemptFailed(*last)

@@ -27,9 +27,9 @@ import contextlib
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from distinit._duration import wait_bound
 from distinit.errors import DistinitError, RendezvousError
@@ -53,6 +53,8 @@ class Handover:
         self._lock = threading.Lock()
         self._formed = False
         self._abandoned = threading.Event()
+        #: Set once the caller gave up (for waits that poll the store: they end at once).
+        self.gave_up = self._abandoned
 
     def abandon(self) -> bool:
         """Give the rendezvous up (caller side). False: too late, the thread already claimed a formed group."""
@@ -86,6 +88,14 @@ class Handover:
             raise Abandoned
 
 
+class Early(Protocol):
+    """Where a verdict reached elsewhere appears while the rendezvous thread runs (an attribute, polled)."""
+
+    @property
+    def verdict(self) -> BaseException | None:  # the verdict, or None
+        ...
+
+
 @dataclass
 class Outcome:
     """How the rendezvous thread ended, as the caller saw it.
@@ -108,19 +118,23 @@ def run_guarded(
     *,
     deadline_at: float,
     handover: Handover,
-    early: Callable[[], BaseException | None] = lambda: None,
+    early: Early | None = None,
 ) -> Outcome:
     """Start ``thread`` (a daemon running one rendezvous); wait for it until :data:`OVERRUN_GRACE` past ``deadline_at``.
 
-    The thread keeps what its body raised itself (the caller reads it on ``done``). ``early()`` is asked every
-    :data:`EARLY_POLL` s: a verdict a peer reached while the thread is blocked in a native call (see
+    The thread keeps what its body raised itself (the caller reads it on ``done``). ``early.verdict`` is read
+    every :data:`EARLY_POLL` s: a verdict a peer reached while the thread is blocked in a native call (see
     :class:`distinit.init._form.InitWatch`). Never raises: see :class:`Outcome`.
     """
     thread.start()
     end = deadline_at + OVERRUN_GRACE
     verdict: BaseException | None = None
     try:
-        while thread.is_alive() and (verdict := early()) is None and (left := end - time.monotonic()) > 0:
+        while (
+            thread.is_alive()
+            and (verdict := early.verdict if early is not None else None) is None
+            and (left := end - time.monotonic()) > 0
+        ):
             thread.join(wait_bound(min(left, EARLY_POLL)))
     except BaseException as exc:  # Ctrl-C: handed to the caller, who undoes what it must and raises it
         return Outcome("interrupted", thread, exc, formed=not handover.abandon())

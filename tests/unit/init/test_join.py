@@ -14,14 +14,13 @@ import pytest
 from torch.distributed import HashStore, Store
 
 from distinit.errors import MalformedEnvError
-from distinit.init._join import Claimant, JoinProtocol, decode_ranks, encode_ranks, wait_for_key
+from distinit.init._join import Claimant, JoinProtocol, PauseSchedule, decode_ranks, encode_ranks, wait_for_key
 from distinit.init._policy import (
     FIRST_POLL,
     LOSS_BOUND_VARIABLE,
     POLL,
     STALE,
     Pace,
-    PauseSchedule,
     load_scale,
     loss_bound,
 )
