@@ -27,8 +27,17 @@ from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
 from distinit.broadcast._layout import Entry, Layout, decode_meta, diff_metadata, encode_meta, entries, layout
 from distinit.broadcast._staging import staged_plan
-from distinit.broadcast._transport.choose import NETWORK, Route, Via, agree, check_agreed, move, via_option
-from distinit.broadcast._transport.pack import Spec, allocate, broadcast_bytes, from_bytes, to_bytes, wait_or_raise
+from distinit.broadcast._transport.choose import NETWORK, agree, check_agreed, move, via_option
+from distinit.broadcast._transport.pack import (
+    Route,
+    Spec,
+    Via,
+    allocate,
+    broadcast_bytes,
+    from_bytes,
+    to_bytes,
+    wait_or_raise,
+)
 
 logger = logging.getLogger("distinit.broadcast")
 

@@ -13,9 +13,11 @@ from distinit.broadcast import _header, _mismatch
 from distinit.broadcast._dtypes import DTYPE_OF_CODE, describe, device_type_code, dtype_code
 from distinit.broadcast._group import CallContext, resolve
 from distinit.broadcast._handshake import handshake
-from distinit.broadcast._transport.choose import Route, Via, agree, check_agreed, move, via_option
+from distinit.broadcast._transport.choose import agree, check_agreed, move, via_option
 from distinit.broadcast._transport.pack import (
+    Route,
     Spec,
+    Via,
     allocate,
     broadcast_bytes,
     copy_back,

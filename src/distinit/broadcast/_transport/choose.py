@@ -13,7 +13,6 @@ takes it.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -27,15 +26,11 @@ from distinit.broadcast import _header
 from distinit.broadcast._group import CallContext
 from distinit.broadcast._mismatch import Mismatch, timeout_error
 from distinit.broadcast._transport import file, shm
-from distinit.broadcast._transport.pack import ALIGN, Spec, slots
+from distinit.broadcast._transport.pack import ALIGN, VIA_SHIFT, VIAS, Route, Spec, Via, slots
 from distinit.broadcast._transport.shm import SHM_DIR
 
 logger = logging.getLogger("distinit.broadcast")
 
-VIAS = {"network": 0, "auto": 1, "shm": 2, "file": 3}
-"""``via=`` values and their codes in the header's flags word (0: the default, so old rows read as network)."""
-VIA_SHIFT = 8
-"""The flags word's bits 8-11 carry the code; bit 0 is ``FLAG_FLAT``, bit 1 ``FLAG_ZERO_COPY``."""
 AUTO_SHM_MIN_BYTES = 16 << 20
 AUTO_SHM_MIN_RANKS = 4
 """``via="auto"`` takes shared memory where it measured faster than the network on the 2-vCPU test machine
@@ -54,21 +49,6 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 PID_NS = "/proc/self/ns/pid"
 
 ROW_WORDS = 6  # host key (2 words), free /dev/shm bytes, token (2 words), pool cap
-
-
-@dataclasses.dataclass(frozen=True)
-class Via:
-    """One rank's transport choice, checked on entry."""
-
-    name: str
-    path: str | None = None
-    zero_copy: bool = False
-    keep: bool = False
-
-    @property
-    def flags(self) -> int:
-        """The header flag bits announcing this choice (and whether this rank asked for ``zero_copy``)."""
-        return VIAS[self.name] << VIA_SHIFT | (_header.FLAG_ZERO_COPY if self.zero_copy else 0)
 
 
 NETWORK = Via("network")
@@ -153,24 +133,6 @@ def shm_free() -> int:
     except OSError:
         return -1
     return st.f_bavail * st.f_frsize
-
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    """How one call moves its payload: the same on every rank.
-
-    ``hosts``: each host's group ranks, its leader first (src on its own host; else the lowest rank);
-    src's host comes first. ``token``: src's random hex, part of every segment and file name.
-    """
-
-    kind: str  # "network", "shm" or "file"
-    hosts: tuple[tuple[int, ...], ...]
-    token: str
-    note: str = ""
-
-    def host_of(self, rank: int) -> int:
-        """The index of ``rank``'s host in :attr:`hosts`."""
-        return next(i for i, ranks in enumerate(self.hosts) if rank in ranks)
 
 
 def group_hosts(keys: Sequence[tuple[int, int]], src: int) -> tuple[tuple[int, ...], ...]:
