@@ -1,0 +1,104 @@
+"""scripts/suite_times.py reads a CI log: pytest's final line, the slowest durations and wall-clock stamps."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "suite_times.py"
+
+
+@pytest.fixture(scope="module")
+def suite_times() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("suite_times", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _durations(n: int) -> list[str]:
+    """``n`` duration lines, slowest first, as ``--durations`` prints them."""
+    return [f"{60 - i}.{i:02d}s call     tests/integration/test_x.py::test_{i}[case-{i}]" for i in range(n)]
+
+
+LOG = "\n".join(
+    [
+        "=== 2026-11-27T02:00:00Z make test",
+        ".venv/bin/python -m pip install -q -e '.[test,dev]'",
+        "2026-11-27 02:03:00,123 WARNING distinit.init rank 1: a captured log line, not a stamp",
+        "=== 2026-11-27T02:02:30+00:00 pytest",
+        "4 workers [1808 items]",
+        "........s.....F....",
+        "============================= slowest 25 durations =============================",
+        *_durations(22),
+        "(3 durations < 0.005s hidden.  Use -vv to show these durations.)",
+        "=========================== short test summary info ============================",
+        "FAILED tests/integration/test_y.py::test_z - AssertionError",
+        "1 failed, 1797 passed, 10 skipped, 1 warning, 2 errors in 1295.65s (0:21:35)",
+        "rc=2",
+        "Fri Nov 27 02:24:40 UTC 2026",
+    ]
+)
+
+
+def test_the_final_line_gives_seconds_and_every_count(suite_times: ModuleType) -> None:
+    data = suite_times.parse(LOG)
+    assert data["pytest_s"] == pytest.approx(1295.65)
+    assert data["pytest_clock"] == "0:21:35"
+    assert data["counts"] == {"failed": 1, "passed": 1797, "skipped": 10, "warnings": 1, "errors": 2}
+    assert data["rc"] == 2
+
+
+def test_the_twenty_slowest_are_kept_slowest_first(suite_times: ModuleType) -> None:
+    data = suite_times.parse(LOG)
+    assert data["slowest_listed"] == 22
+    assert len(data["slowest"]) == 20
+    assert data["slowest"][0] == {
+        "seconds": 60.0,
+        "phase": "call",
+        "test": "tests/integration/test_x.py::test_0[case-0]",
+    }
+    seconds = [row["seconds"] for row in data["slowest"]]
+    assert seconds == sorted(seconds, reverse=True)
+
+
+def test_stamps_give_the_wall_clock_and_its_phases(suite_times: ModuleType) -> None:
+    data = suite_times.parse(LOG)
+    assert [s["label"] for s in data["stamps"]] == ["make test", "pytest", ""]  # the logging line is not one
+    assert data["wall_s"] == pytest.approx(24 * 60 + 40)
+    assert [(p["from"], p["seconds"]) for p in data["phases"]] == [("make test", 150.0), ("pytest", 1330.0)]
+
+
+@pytest.mark.parametrize(
+    ("line", "seconds", "counts"),
+    [
+        pytest.param("==== 12 passed in 3.40s ====", 3.4, {"passed": 12}, id="decorated"),
+        pytest.param(
+            "5 passed, 1 xfailed, 1 deselected in 0.51s",
+            0.51,
+            {"passed": 5, "xfailed": 1, "deselected": 1},
+            id="quiet-no-clock",
+        ),
+    ],
+)
+def test_final_line_shapes(suite_times: ModuleType, line: str, seconds: float, counts: dict[str, int]) -> None:
+    data = suite_times.parse(f"collected\n{line}\n")
+    assert data["pytest_s"] == pytest.approx(seconds)
+    assert data["counts"] == counts
+    assert data["wall_s"] is None and data["slowest"] == []
+
+
+def test_the_command_writes_json_and_fails_without_a_pytest_line(suite_times: ModuleType, tmp_path: Path) -> None:
+    log, out = tmp_path / "ci.log", tmp_path / "results" / "suite.json"
+    log.write_text(LOG)
+    assert suite_times.main([str(log), "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["pytest_s"] == pytest.approx(1295.65)
+    assert written["meta"]["log"] == str(log)
+    log.write_text("make: *** [Makefile:72: lint] Error 1\n")
+    assert suite_times.main([str(log), "--out", str(out)]) == 1
