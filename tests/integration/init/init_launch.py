@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -17,8 +19,33 @@ from typing import Any
 WORKER = Path(__file__).with_name("_worker.py")
 
 
+#: Ports :func:`free_port` hands out: below the kernel's ephemeral range (``ip_local_port_range``, 32768-60999
+#: by default), so no client socket's connect() and no bind(0) elsewhere takes one between our pick and the
+#: rank's bind; below the emulated Slurm cluster's (27100-29899, ``scripts/launchers/cluster.py``).
+PORTS = range(20000, 27000)
+#: Ports per pytest-xdist worker: gw0 starts at 20000, gw1 at 21000, ... (eight workers before they wrap).
+PORTS_PER_WORKER = 875
+_picked = itertools.count(random.randrange(PORTS_PER_WORKER))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free on 127.0.0.1 now, never handed out before by this process, distinct from other workers'.
+
+    Each xdist worker (``PYTEST_XDIST_WORKER=gwN``) walks a slice of :data:`PORTS` of its own, from a random
+    start: tests side by side never pick the same port, and ports picked for ranks not yet started stay
+    distinct within a test. A port in use (another session on the machine) is skipped.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = PORTS.start + (int(worker) if worker.isdigit() else 0) * PORTS_PER_WORKER % len(PORTS)
+    for _ in range(PORTS_PER_WORKER):
+        port = base + next(_picked) % PORTS_PER_WORKER
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as sock:  # every port of the slice taken: let the kernel pick one
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 

@@ -1,7 +1,7 @@
 """The fault scenarios that mostly wait (late worker, late master, port freed after 10 s, a rank that never
-comes, rank out of range, foreign listeners, in-process retries), launched together once per module so that
-their waits overlap: they sleep, they do not compete for the CPU. Each test asserts one scenario's outcome,
-error class, message and elapsed-time bound.
+comes, rank out of range, foreign listeners, in-process retries), launched together once per session (for
+every xdist worker) so that their waits overlap: they sleep, they do not compete for the CPU. Each test
+asserts one scenario's outcome, error class, message and elapsed-time bound.
 
 The late rank comes :data:`LATE` = 12 s late with 3 s attempts and pauses capped at 1 s (it came 40 s late
 with 10 s attempts until issue 27): the same code runs either way. The early rank's first attempts fail in
@@ -13,11 +13,13 @@ off, so no time-based branch is crossed at 40 s that is not at 12 s.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +33,23 @@ LATE_KWARGS = {"deadline": 60, "attempt_timeout": 3, "backoff": {"initial": 0.5,
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    launcher = Launcher(tmp_path_factory.mktemp("slow"))
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every scenario's results, launched once per session. Under pytest-xdist the first worker that needs
+    them runs the scenarios (under a lock) and leaves the results for the other workers' tests of this module."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return run_scenarios(tmp_path_factory.mktemp("slow"))
+    shared = tmp_path_factory.getbasetemp().parent / "init-slow-outcomes.json"  # this session's, every worker's
+    with shared.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shared.exists():
+            shared.write_text(json.dumps(run_scenarios(tmp_path_factory.mktemp("slow"))))
+        found: dict[str, Any] = json.loads(shared.read_text())
+        return found
+
+
+def run_scenarios(workdir: Path) -> dict[str, Any]:
+    """Launch every scenario at once; their results by scenario name, once every rank has ended."""
+    launcher = Launcher(workdir)
     retry = {"deadline": 30, "attempt_timeout": 2, "backoff": BACKOFF}
     port_freed = {"deadline": 60, "attempt_timeout": 20, "backoff": {"initial": 1.0, "cap": 2.0, "jitter": 0.2}}
     busy = socket.socket()
@@ -90,7 +107,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             for res in group:
                 res["since_launch"] = res["t_end"] - launched
                 res["since_busy"] = res["t_end"] - busy_seen
-        yield results
+        return results
     finally:
         freed.cancel()
         busy.close()
