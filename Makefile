@@ -8,6 +8,12 @@ TORCH_SPEC ?= torch==2.13.0
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.distinit-installed
 PYTEST_ARGS ?=
+# pytest-xdist: 3 workers on CI's 2 cores, because most integration tests wait (deadlines, late ranks,
+# process start-up); more workers starve the tests' own rank processes of CPU on a loaded machine. Fixtures
+# are safe side by side: ports from the kernel or from a slice per worker (tests/integration/init/
+# init_launch.py), namespaces named by pid, one Slurm cluster per worker. Not --dist loadgroup: with pytest
+# 9.2 it silently stops grouping (pytest-dev/pytest-xdist#1386). PYTEST_XDIST= runs one process.
+PYTEST_XDIST ?= -n 3
 
 .PHONY: all venv system demo test lint unit integration bench dist dist-check clean
 
@@ -39,11 +45,15 @@ dist: $(STAMP)
 	@rm -f dist.log
 
 # The built wheel in a clean venv, run from outside the checkout: a file or entry point missing from the
-# wheel fails here, not on a user's machine. torch comes from TORCH_SPEC as for .venv.
+# wheel fails here, not on a user's machine. torch comes from TORCH_SPEC as for .venv: its files are
+# hard-linked from .venv (scripts/link-installed.py: seconds, where pip unpacks the cached wheel again in
+# ~40 s), and pip keeps them only if they satisfy TORCH_SPEC; pip installs every dependency of torch and of
+# the wheel, so a dependency the wheel forgets to declare still fails here.
 DIST_VENV ?= .venv-dist
 dist-check: dist
 	rm -rf $(DIST_VENV)
 	$(PYTHON) -m venv $(DIST_VENV)
+	-$(BIN)/python scripts/link-installed.py torch $(DIST_VENV)/bin/python
 	$(DIST_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
 	$(DIST_VENV)/bin/python -m pip install -q dist/distinit-*.whl
 	cd $(DIST_VENV) && bin/python $(CURDIR)/scripts/check-installed.py
@@ -54,15 +64,15 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 integration: $(STAMP) system
-	$(BIN)/python -m pytest tests/integration -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The README's test command: system packages, venv, lint, the built wheel checked, then every test
 # (the 25 slowest listed at the end, so every CI log says where the suite's time goes).
 test: $(STAMP) system lint dist-check
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Every benchmark, then the plots and docs/benchmarks.md from benchmarks/results/*.json (the plots are
 # rendered even when a benchmark reports a missed target; the exit status still says so).
