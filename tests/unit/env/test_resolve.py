@@ -63,7 +63,10 @@ def test_reads_os_environ_and_exports(monkeypatch: pytest.MonkeyPatch) -> None:
         "MASTER_PORT",
         "TORCHELASTIC_RUN_ID",
     ):
-        monkeypatch.delenv(name, raising=False)
+        # setenv first: monkeypatch then restores a name that was absent to absent, so what export() writes
+        # below does not leak into later tests (a leaked GROUP_RANK broke `srun` tests run after this one).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name in [n for n in __import__("os").environ if n.startswith(("SLURM_", "OMPI_", "PMI", "SM_"))]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
