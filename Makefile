@@ -67,12 +67,16 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 integration: $(STAMP) system
-	$(BIN)/python -m pytest tests/integration -q $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -q $(PYTEST_XDIST) -m "not alone" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -q -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The README's test command: system packages, venv, lint, the built wheel checked, then every test
-# (the 25 slowest listed at the end, so every CI log says where the suite's time goes).
+# (the 25 slowest listed at the end, so every CI log says where the suite's time goes): side by side
+# under xdist, then the few marked `alone` (tests/conftest.py) one after another (exit 5: PYTEST_ARGS
+# selected none of them).
 test: $(STAMP) system lint dist-check
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST) -m "not alone" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Every benchmark, then the plots and docs/benchmarks.md from benchmarks/results/*.json (the plots are
 # rendered even when a benchmark reports a missed target; the exit status still says so).
