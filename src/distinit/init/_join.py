@@ -293,7 +293,14 @@ class JoinProtocol:
             self._next_progress = now + PROGRESS_FIRST
         while True:
             if wait_for_key(
-                self.store, key, end, sleep=sleep, stop=stop, tick=lambda: self._tick(generation), poll=self.pace.poll
+                self.store,
+                key,
+                end,
+                sleep=sleep,
+                stop=stop,
+                tick=lambda: self._tick(generation),
+                poll=self.pace.poll,
+                quick=self.pace.quick,
             ):
                 state: str | None = text(self.store.get(key))
             else:
@@ -606,21 +613,24 @@ def decode_ranks(text: str, world_size: int) -> list[int]:
 
 
 class PauseSchedule:
-    """Pauses between polls of one wait: ``first`` x ``GROWTH`` ** n, at most ``longest``.
+    """Pauses between polls of one wait: ``quick`` pauses of ``first``, then doubling, at most ``longest``.
 
     ``first`` is ``longest`` x ``FIRST_POLL`` / ``POLL`` (5 ms at the base interval; constants of
     :mod:`distinit.init._policy`): a large world, whose joins take longer anyway, does not spend its first
-    second on polls that cannot succeed yet.
+    second on polls that cannot succeed yet; a small one polls ``quick`` times at ``first`` (``Pace.quick``).
     """
 
-    def __init__(self, longest: float) -> None:
+    def __init__(self, longest: float, quick: int = 1) -> None:
         self.longest = longest
         self._next = longest * FIRST_POLL / POLL
+        self._quick = max(quick, 1)
 
     def next(self) -> float:
-        """The next pause (each one :data:`~distinit.init._policy.GROWTH` times the last, up to ``longest``)."""
+        """The next pause (after the quick ones, :data:`~distinit.init._policy.GROWTH` times the last)."""
         pause = self._next
-        self._next = min(pause * GROWTH, self.longest)
+        self._quick -= 1
+        if self._quick <= 0:
+            self._next = min(pause * GROWTH, self.longest)
         return pause
 
 
@@ -633,11 +643,12 @@ def wait_for_key(
     stop: threading.Event | None = None,
     tick: Callable[[], None] = lambda: None,
     poll: float = POLL,
+    quick: int = 1,
 ) -> bool:
     """Wait until ``key`` exists on ``store`` or the monotonic time ``end``; True if it exists.
 
-    Polls with ``check`` (one round trip) at growing pauses, from a few milliseconds up to ``poll`` s (see
-    :class:`PauseSchedule`): a key set within milliseconds is seen within milliseconds,
+    Polls with ``check`` (one round trip) at growing pauses, from a few milliseconds (``quick`` times) up to
+    ``poll`` s (see :class:`PauseSchedule`): a key set within milliseconds is seen within milliseconds,
     and a long wait costs the store one check per ``poll``. No blocking store ``wait``: it cannot be called
     off, and c10d logs a "waitForInput ... timed out" warning each time one times out. ``sleep`` pauses
     between polls (and may raise to call the wait off); ``stop``, once set, calls it off with
@@ -646,7 +657,7 @@ def wait_for_key(
     Raises:
         torch.distributed.DistError: the store failed.
     """
-    pauses = PauseSchedule(poll)
+    pauses = PauseSchedule(poll, quick)
 
     def pause(seconds: float) -> None:
         if stop is None:

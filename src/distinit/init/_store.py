@@ -233,7 +233,9 @@ PROBE_TIMEOUT = 5.0
 HANDSHAKE_TIMEOUT = 3.0
 #: The probe interval starts fast (a master binding its port right now is the common case at start-up: a
 #: refused connect on a LAN costs microseconds), then backs off to one probe per :data:`SLOWEST_PROBE` s.
-FIRST_PROBE = 0.02
+#: 2 ms: rank 1 usually probes a few milliseconds before rank 0's store listens; at 20 ms that first refusal
+#: cost the happy path 20-30 ms at world 2 (issue 27, measured with the phases of a 2-rank setup()).
+FIRST_PROBE = 0.002
 SLOWEST_PROBE = 2.0
 
 

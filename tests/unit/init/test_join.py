@@ -19,6 +19,8 @@ from distinit.init._policy import (
     FIRST_POLL,
     LOSS_BOUND_VARIABLE,
     POLL,
+    QUICK_POLLS,
+    QUICK_WORLD,
     STALE,
     Pace,
     load_scale,
@@ -138,6 +140,18 @@ def test_pauses_start_in_milliseconds_and_double_to_the_poll() -> None:
     assert seen[0] == pytest.approx(FIRST_POLL)
     assert seen[:6] == pytest.approx([0.005, 0.01, 0.02, 0.04, 0.08, 0.16])
     assert seen[6:] == pytest.approx([POLL] * 3)
+
+
+def test_a_small_world_polls_quickly_first_then_doubles() -> None:
+    """World <= QUICK_WORLD: QUICK_POLLS pauses of 5 ms (a last rank arriving 10-40 ms late is seen within 5 ms),
+    then the doubling; a larger world keeps the plain doubling (no extra checks on a busy store)."""
+    small = Pace.for_world(2)
+    pauses = PauseSchedule(small.poll, small.quick)
+    seen = [pauses.next() for _ in range(QUICK_POLLS + 3)]
+    assert seen[:QUICK_POLLS] == pytest.approx([FIRST_POLL] * QUICK_POLLS)
+    assert seen[QUICK_POLLS:] == pytest.approx([0.01, 0.02, 0.04])
+    assert Pace.for_world(QUICK_WORLD).quick == QUICK_POLLS
+    assert Pace.for_world(QUICK_WORLD + 1).quick == 1
 
 
 def test_a_large_world_starts_its_pauses_later() -> None:
