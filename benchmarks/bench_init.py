@@ -16,7 +16,7 @@ Measured on this machine in this run, gloo, loopback, world sizes 2 and 4:
 5. NCCL (only where a GPU exists): ``setup()``-style init with ``device_id`` vs bare
    ``init_process_group("nccl", device_id=...)``, world 1.
 
-Usage: ``python benchmarks/bench_init.py [--repeats 5] [--quick]``. Prints a table and writes
+Usage: ``python benchmarks/bench_init.py [--repeats 15] [--quick]``. Prints a table and writes
 ``benchmarks/results/init.{md,json}``.
 """
 
@@ -150,6 +150,10 @@ def run_world(specs: list[dict[str, Any]], *, port: int, kill_after: float) -> l
 # --------------------------------------------------------------------------------------------------
 # scenarios
 # --------------------------------------------------------------------------------------------------
+#: Issue 27: setup()'s happy path at most this much over torch's init_process_group (world 2 and 4, loopback).
+HAPPY_TARGET_S = 0.010
+
+
 def happy(world_size: int, repeats: int) -> dict[str, Any]:
     impls = {
         "torch": {"impl": "torch"},
@@ -166,14 +170,24 @@ def happy(world_size: int, repeats: int) -> dict[str, Any]:
             samples[name].append(max(r["t"] for r in res))
     medians = {name: statistics.median(values) for name, values in samples.items()}
     overhead = medians["distinit"] - medians["torch"]
+    met = overhead <= HAPPY_TARGET_S
+    # The measured split of the overhead (medians of the same interleaved rounds): what the identity exchange
+    # (the check collective) adds over verify=False, and what pre-flight, probe and join add over torch.
+    check = medians["distinit"] - medians["distinit_noverify"]
+    rest = medians["distinit_noverify"] - medians["torch"]
     return {
         "world_size": world_size,
         "median_s": medians,
         "samples_s": samples,
         "overhead_s": overhead,
         "overhead_pct": 100 * overhead / medians["torch"] if medians["torch"] else None,
-        "target": "<= max(150 ms, 30 %)",
-        "met": overhead <= max(0.150, 0.30 * medians["torch"]),
+        "target": f"<= +{HAPPY_TARGET_S * 1000:.0f} ms over torch (issue 27; median of interleaved rounds)",
+        "met": met,
+        "reason": None
+        if met
+        else f"the identity check collective {check * 1000:+.1f} ms, pre-flight + probe + join {rest * 1000:+.1f} ms "
+        f"(medians of {repeats} interleaved rounds; torch's own rounds {min(samples['torch']) * 1000:.0f}-"
+        f"{max(samples['torch']) * 1000:.0f} ms)",
     }
 
 
@@ -340,7 +354,7 @@ def fmt(seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds of the happy path")
     parser.add_argument("--quick", action="store_true", help="2 repeats, join scale up to 256")
     parser.add_argument(
         "--only",
@@ -403,6 +417,8 @@ def main() -> int:
             f"| {row['world_size']} | {fmt(m['torch'])} | {fmt(m['distinit_noverify'])} | {fmt(m['distinit'])} | "
             f"{fmt(row['overhead_s'])} ({row['overhead_pct']:.0f} %) | {row['met']} | {samples} |"
         )
+    lines += ["", f"Target: {results['happy'][0]['target']}."]
+    lines += [f"World {row['world_size']} missed: {row['reason']}." for row in results["happy"] if row.get("reason")]
     lines += ["", "## Verdicts (all processes start together; time until the last one raised)", ""]
     lines += [
         "| scenario | world | distinit | torch (timeout=10 s, killed at 40 s) | target met |",
