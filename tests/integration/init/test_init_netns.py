@@ -79,7 +79,7 @@ def test_30_percent_packet_loss_still_forms_the_world(
     results = [h.result(100) for h in handles]
     for res in results:
         assert res["ok"], res
-        assert res["elapsed"] < 60
+        assert res["elapsed"] < kwargs["deadline"], res  # formed within the deadline: loss is retried, not fatal
 
 
 @pytest.mark.timeout(60)
