@@ -81,7 +81,8 @@ def parse(text: str) -> dict[str, Any]:
         text: the log, as one string.
 
     Returns:
-        ``pytest_s`` (the seconds pytest reported, or None), ``pytest_clock``, ``counts`` (``passed``,
+        ``pytest_s`` (the seconds pytest reported, summed over ``passes`` runs, or None), ``pytest_clock`` (of a
+        single pass), ``counts`` (``passed``,
         ``failed``, ``skipped``, ...), ``slowest`` (at most 20, slowest first), ``slowest_listed`` (how many the
         log listed), ``stamps``, ``wall_s`` and ``phases`` (from the wall-clock stamps) and ``rc``.
     """
@@ -89,21 +90,28 @@ def parse(text: str) -> dict[str, Any]:
     result: dict[str, Any] = dict.fromkeys(("pytest_s", "pytest_clock", "wall_s", "rc"))
     result.update(counts={}, slowest=[], slowest_listed=0, stamps=[], phases=[])
     stamps: list[tuple[datetime.datetime, str]] = []
+    listed: list[dict[str, Any]] = []
+    passes = 0
     for i, raw in enumerate(lines):
         line = raw.strip()
-        if found := _FINAL.match(line):  # the last such line wins: a log may hold several runs
-            result["pytest_s"] = float(found["seconds"])
-            result["pytest_clock"] = found["clock"]
-            counts = {_COUNT_KEYS.get(word, word): int(n) for n, word in _COUNT.findall(found["counts"])}
-            result["counts"] = counts
+        if found := _FINAL.match(line):
+            # `make test` runs pytest twice (the xdist pass, then the tests marked `alone`): the passes add up.
+            passes += 1
+            result["pytest_s"] = (result["pytest_s"] or 0.0) + float(found["seconds"])
+            result["pytest_clock"] = found["clock"] if passes == 1 else None
+            for n, word in _COUNT.findall(found["counts"]):
+                key = _COUNT_KEYS.get(word, word)
+                if key != "deselected":  # a test deselected by one pass runs in the other
+                    result["counts"][key] = result["counts"].get(key, 0) + int(n)
         elif _SLOWEST_HEAD.match(line):
-            listed = _slowest(lines, i)
-            result["slowest_listed"] = len(listed)
-            result["slowest"] = sorted(listed, key=lambda row: -row["seconds"])[:SLOWEST_KEPT]
+            listed.extend(_slowest(lines, i))
         elif found := _RC.match(line):
             result["rc"] = int(found["rc"])
         elif (stamp := _stamp(line)) is not None:
             stamps.append(stamp)
+    result["passes"] = passes
+    result["slowest_listed"] = len(listed)
+    result["slowest"] = sorted(listed, key=lambda row: -row["seconds"])[:SLOWEST_KEPT]
     result["stamps"] = [{"at": when.isoformat(), "label": label} for when, label in stamps]
     if len(stamps) >= 2 and all((s[0].tzinfo is None) == (stamps[0][0].tzinfo is None) for s in stamps):
         result["wall_s"] = (stamps[-1][0] - stamps[0][0]).total_seconds()
