@@ -195,7 +195,7 @@ def test_kill_group_takes_the_workers_children_along(
         assert proc.wait(20) in (-signal.SIGTERM, -signal.SIGKILL)
         wait_for(expired_for(events_file, proc.pid), 5, "the expired event")
         if kill_group:
-            wait_for(lambda: state(child) in (None, "Z"), 5, "the worker's child to die with its group")
+            wait_for(lambda: state(child) in (None, "Z"), 20, "the worker's child to die with its group")
         else:
             assert state(child) not in (None, "Z")  # only the worker itself was signalled
     finally:
