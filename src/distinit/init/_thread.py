@@ -126,10 +126,13 @@ def run_guarded(
     every :data:`EARLY_POLL` s: a verdict a peer reached while the thread is blocked in a native call (see
     :class:`distinit.init._form.InitWatch`). Never raises: see :class:`Outcome`.
     """
-    thread.start()
     end = deadline_at + OVERRUN_GRACE
     verdict: BaseException | None = None
     try:
+        # Started inside the try: a Ctrl-C that lands while start() waits for the thread to run (the thread
+        # may already have joined the rendezvous by then, on a loaded machine) abandons it like any other.
+        # Before, it escaped from start() with the rendezvous still running behind the caller's back.
+        thread.start()
         while (
             thread.is_alive()
             and (verdict := early.verdict if early is not None else None) is None
@@ -208,7 +211,7 @@ def check_no_leftover(rank: int, *, patience: float) -> None:
     left = PROCESS.leftover
     if left is None:
         return
-    if not left.stuck:
+    if not left.stuck and left.thread.is_alive():  # (never started: interrupted inside start())
         left.thread.join(wait_bound(patience))
     if not left.thread.is_alive():
         PROCESS.leftover = None

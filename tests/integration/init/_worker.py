@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,6 +27,11 @@ from typing import Any
 
 
 def main() -> None:
+    # The tests send SIGINT as a terminal's Ctrl-C would. A process started from a non-interactive shell's
+    # background job (`make test &`, nohup, some CI runners) inherits SIGINT ignored (POSIX), and Python then
+    # installs no KeyboardInterrupt handler: the rank would never see the Ctrl-C under test (the cause of the
+    # clean-clone failures of the two Ctrl-C tests, issue 34). A Python program run from a terminal has this one.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     spec = json.loads(sys.argv[1])
     out = sys.argv[2]
     logging.basicConfig(level=logging.INFO, format="[%(process)d] %(name)s %(levelname)s %(message)s")

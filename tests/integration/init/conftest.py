@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,3 +24,19 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture
+def burners() -> Iterator[list[int]]:
+    """Two busy loops per core beside the test (started and stopped by pid): a loaded machine, on purpose."""
+    count = 2 * (os.cpu_count() or 1)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -44,9 +44,15 @@ def test_infinite_and_huge_durations_form_the_world(launcher: Launcher, port: in
 
 
 @pytest.mark.timeout(120)
-def test_ctrl_c_during_the_wait_abandons_the_rendezvous(launcher: Launcher, port: int) -> None:
-    """Ctrl-C while rank 0 waits for rank 1: the call returns at once, its store goes away, no group forms
-    behind the caller when rank 1 comes, and the next call in the same process forms the world."""
+@pytest.mark.parametrize("load", ["quiet", "beside-burners"])
+def test_ctrl_c_during_the_wait_abandons_the_rendezvous(
+    launcher: Launcher, port: int, load: str, request: pytest.FixtureRequest
+) -> None:
+    """Ctrl-C while rank 0 waits for rank 1: the call returns at once (within 2 s, also beside two busy loops
+    per core), its store goes away, no group forms behind the caller when rank 1 comes, and the next call in
+    the same process forms the world."""
+    if load == "beside-burners":
+        request.getfixturevalue("burners")
     late_name = "rank1-late"
     peer_started = str(launcher.tmp_path / f"{late_name}.json.started")
     kwargs = {"deadline": 60, "attempt_timeout": 10, "backoff": BACKOFF}

@@ -103,6 +103,41 @@ def test_an_interrupted_wait_abandons_the_rendezvous_before_it_propagates() -> N
     assert handover.claim() is False  # a group formed now would never be handed over
 
 
+class _InterruptedStart(threading.Thread):
+    """A thread whose start() is interrupted just as it returns: Ctrl-C while the caller waits for it to run."""
+
+    def start(self) -> None:
+        super().start()
+        raise KeyboardInterrupt
+
+
+@pytest.mark.timeout(10)
+def test_a_ctrl_c_inside_the_threads_start_abandons_the_rendezvous_too() -> None:
+    handover = Handover()
+    wound_down = threading.Event()
+
+    def body() -> None:
+        try:
+            while True:
+                handover.sleep(0.05)
+        except Abandoned:
+            wound_down.set()
+
+    thread = _InterruptedStart(target=body, name="t", daemon=True)
+    outcome = run_guarded(thread, deadline_at=time.monotonic() + 30, handover=handover)
+    assert outcome.kind == "interrupted" and isinstance(outcome.error, KeyboardInterrupt)
+    assert handover.abandoned and wound_down.wait(5)  # not running on behind the caller's back
+    leave_behind(thread, "interrupted in start()", stuck=False)
+    check_no_leftover(0, patience=5)  # wound down: the next rendezvous may start
+
+
+@pytest.mark.timeout(10)
+def test_a_leftover_that_never_started_is_no_leftover() -> None:
+    leave_behind(_daemon(lambda: None), "interrupted before it ran", stuck=False)
+    check_no_leftover(0, patience=5)  # no RuntimeError from joining a thread that never started
+    assert _thread.PROCESS.leftover is None
+
+
 @pytest.mark.timeout(10)
 def test_leftover_interrupted_thread_is_waited_for_and_a_stuck_one_refused_at_once() -> None:
     done = threading.Event()

@@ -1,0 +1,57 @@
+"""Run a command beside CPU burners: busy-looping processes, ``--per-core`` (default 2) for each core.
+
+``make test-stress`` runs the README's test command this way, and ``scripts/flakes.py`` reruns tests this way:
+every test must pass on a machine that is busy with something else (a CI runner's neighbours, a developer's
+build). The burners are started here and stopped here, by pid, whatever the command does; their nice value is
+0, like the tests', so they really compete for the CPU.
+
+    python scripts/burners.py [--per-core N] -- COMMAND [ARG...]
+
+Exit status: the command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: The busy loop each burner runs (plain Python: no dependency, nothing written anywhere).
+LOOP = "while True: pass"
+
+
+@contextmanager
+def burning(per_core: int = 2) -> Iterator[list[int]]:
+    """Keep ``per_core`` x ``os.cpu_count()`` burners running for the ``with`` block; yield their pids."""
+    count = per_core * (os.cpu_count() or 1)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", LOOP], stdin=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(count)
+    ]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(timeout=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-core", type=int, default=2, help="burners per core (default 2)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run beside them (after --)")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (put it after --)")
+    with burning(args.per_core) as pids:
+        print(f"burners: {len(pids)} busy loops beside the command (pids {pids[0]}..{pids[-1]})", flush=True)
+        return subprocess.call(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
