@@ -41,6 +41,7 @@ def burning(per_core: int = 2) -> Iterator[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command beside the burners; its exit status."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-core", type=int, default=2, help="burners per core (default 2)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run beside them (after --)")
