@@ -20,9 +20,6 @@ ALONE = {
     "tests/integration/init/test_init_lost.py::test_store_host_that_dies_after_joining_is_named": "timing",
     # Measures which transport is faster: tests beside it change the measurement.
     "tests/integration/broadcast/test_broadcast_shm.py::test_auto_takes_shm_only_where_it_measured_faster": "timing",
-    # 30 % loss on the link: 5-10 s alone, 63 s once beside 3 xdist workers on 2 cores (TCP retransmission
-    # stalls stack up while the CPU is busy), the longest tail of the parallel pass.
-    "tests/integration/init/test_init_netns.py::test_30_percent_packet_loss_still_forms_the_world": "timing",
     # The watchdog's kill of a worker's process group, and its culprit classification from a stack read in
     # time: each failed once beside 3 xdist workers on 2 cores in a clean-clone CI run (a child still alive
     # 20 s after the group kill; "no readable stack"), both passed in every serial run.

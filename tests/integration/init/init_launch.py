@@ -186,6 +186,12 @@ class NetNs:
         ``loss_percent`` drops that share of the packets leaving through the link, in both directions: a
         lossy network *between* two hosts, while each side's own loopback stays clean. Returns the two
         interface names (this side's, the other side's). The pair goes away with either namespace.
+
+        The loss is a fixed pattern (:func:`loss_slots`: every packet whose number through the rule falls on
+        a slot), not ``numgen random``: random loss drops the same SYN or segment several times in a row now
+        and then, and TCP's doubling retransmission timer (1, 2, 4, 8, 16 s) turned that luck into run times
+        from 5 s to over 60 s (issue 34). With slots spread apart, no two consecutive packets on the link are
+        dropped: the same share of loss, every run alike.
         """
         mine, theirs = "dveth0", "dveth1"
         subprocess.run(
@@ -215,7 +221,8 @@ class NetNs:
                     ns.nft("add table inet distinit")
                     ns.nft("add chain inet distinit out { type filter hook output priority 0; }")
                     ns.has_table = True
-                ns.nft(f'add rule inet distinit out oifname "{ifname}" numgen random mod 100 < {loss_percent} drop')
+                slots = ", ".join(map(str, loss_slots(loss_percent)))
+                ns.nft(f'add rule inet distinit out oifname "{ifname}" numgen inc mod 100 {{ {slots} }} drop')
         return mine, theirs
 
     def close(self) -> None:
@@ -224,6 +231,13 @@ class NetNs:
             child.unlink(missing_ok=True)
         if self.resolv_dir.exists():
             self.resolv_dir.rmdir()
+
+
+def loss_slots(percent: int) -> list[int]:
+    """The ``percent`` packet numbers (of every 100) that a deterministic loss drops, spread evenly apart."""
+    if not 0 < percent <= 50:
+        raise ValueError(f"loss_percent={percent}: 1-50 (above 50 two consecutive packets would be dropped)")
+    return sorted({round(i * 100 / percent) for i in range(percent)})
 
 
 def netns_available() -> str | None:
