@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # 9.2 it silently stops grouping (pytest-dev/pytest-xdist#1386). PYTEST_XDIST= runs one process.
 PYTEST_XDIST ?= -n 3
 
-.PHONY: all venv system demo test lint unit integration bench dist dist-check clean
+.PHONY: all venv system demo test test-stress flakes lint unit integration bench dist dist-check clean
 
 all: test
 
@@ -77,6 +77,20 @@ integration: $(STAMP) system
 test: $(STAMP) system lint dist-check
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST) -m "not alone" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q --durations=25 -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The suite on a busy machine: the parallel pass beside two busy loops per core (scripts/burners.py, started
+# and stopped by pid), then the tests marked `alone` with nothing beside them (their reasons: tests/conftest.py).
+# Every test must pass here too.
+test-stress: $(STAMP) system
+	$(BIN)/python scripts/burners.py --per-core 2 -- \
+		$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST) -m "not alone" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The flake finder: the integration tests FLAKE_ROUNDS times as test-stress runs them; every test that failed
+# at least once, with its failure text, in benchmarks/results/flakes.json.
+FLAKE_ROUNDS ?= 3
+flakes: $(STAMP) system
+	$(BIN)/python scripts/flakes.py --rounds $(FLAKE_ROUNDS)
 
 # Every benchmark, then the plots and docs/benchmarks.md from benchmarks/results/*.json (the plots are
 # rendered even when a benchmark reports a missed target; the exit status still says so).

@@ -19,8 +19,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-#: The busy loop each burner runs (plain Python: no dependency, nothing written anywhere).
-LOOP = "while True: pass"
+#: The busy loop each burner runs (plain Python: no dependency, nothing written anywhere). It ends by itself once
+#: its parent is gone: a parent killed by SIGKILL (a test's timeout) cannot stop its burners, and an orphaned
+#: burner would load the machine for good.
+LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(100_000): pass"
 
 
 @contextmanager

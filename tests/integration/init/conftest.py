@@ -26,14 +26,15 @@ def port() -> int:
     return free_port()
 
 
+#: A busy loop that ends by itself once its parent (this pytest worker) is gone, even after a SIGKILL.
+BURN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(100_000): pass"
+
+
 @pytest.fixture
 def burners() -> Iterator[list[int]]:
     """Two busy loops per core beside the test (started and stopped by pid): a loaded machine, on purpose."""
     count = 2 * (os.cpu_count() or 1)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-        for _ in range(count)
-    ]
+    procs = [subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.DEVNULL) for _ in range(count)]
     try:
         yield [p.pid for p in procs]
     finally:

@@ -1,0 +1,64 @@
+"""scripts/flakes.py reads each round's JUnit report back (a real round: tests/integration/test_flakes_script.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(SCRIPTS))  # flakes imports its sibling burners
+    try:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.fixture(scope="module")
+def flakes() -> ModuleType:
+    return _load("flakes")
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="0" failures="1" skipped="1" tests="4">
+<testcase classname="tests.integration.init.test_x" name="test_ok" time="1.0"/>
+<testcase classname="tests.integration.init.test_x" name="test_bad[ctrl-c]" time="2.0">
+<failure message="AssertionError: rank0-0 still running after 40 s">long traceback
+line 2</failure></testcase>
+<testcase classname="tests.integration.init.test_x" name="test_skip" time="0.0"><skipped message="no root"/></testcase>
+<testcase classname="tests.integration.init.test_x" name="test_setup_error" time="0.0">
+<error message="fixture">boom</error></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_testcases_reads_outcomes_node_ids_and_failure_text(flakes: ModuleType, tmp_path: Path) -> None:
+    report = tmp_path / "r.xml"
+    report.write_text(JUNIT)
+    cases = {node: (outcome, text) for node, outcome, text in flakes._testcases(report)}
+    assert cases["tests/integration/init/test_x.py::test_ok"] == ("passed", "")
+    outcome, text = cases["tests/integration/init/test_x.py::test_bad[ctrl-c]"]
+    assert outcome == "failed" and "still running after 40 s" in text and "line 2" in text
+    assert cases["tests/integration/init/test_x.py::test_skip"][0] == "skipped"
+    assert cases["tests/integration/init/test_x.py::test_setup_error"][0] == "failed"
+    assert flakes._testcases(tmp_path / "missing.xml") == []  # a pass that wrote nothing: no cases
+
+
+@pytest.mark.timeout(30)
+def test_burners_run_for_the_block_and_are_gone_after_it() -> None:
+    burning = _load("burners").burning
+    with burning(1) as pids:
+        assert len(pids) == os.cpu_count()
+        assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # killed and reaped by pid
