@@ -195,7 +195,7 @@ _hostile_hostlist = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(expr=_hostile_hostlist)
 def test_hostlists_in_bounded_time_and_size(expr: str) -> None:
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a busy machine does not inflate it
     hosts: list[str] = []
     named: tuple[str, ...] = ("SLURM_NODELIST",)
     try:
@@ -203,6 +203,6 @@ def test_hostlists_in_bounded_time_and_size(expr: str) -> None:
     except MalformedEnvError as exc:  # anything else fails the test
         named = exc.variables
     assert named == ("SLURM_NODELIST",)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     assert len(hosts) <= MAX_HOSTS
     assert all(0 < len(host) <= MAX_NAME for host in hosts)
