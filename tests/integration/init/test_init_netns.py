@@ -91,8 +91,9 @@ def test_heavy_loss_everywhere_never_overruns_the_deadline(
     by more than the abandonment grace (2 s), and a failure must be a typed rendezvous error."""
     ns = NetNs(f"distinit-heavy-{os.getpid()}", rules=["numgen random mod 100 < 50 drop"])
     request.addfinalizer(ns.close)
-    kwargs = {"deadline": 15, "attempt_timeout": 5}
+    # 8 s (15 s until issue 34): the bound under test is the overrun past the deadline, whatever the deadline.
+    kwargs = {"deadline": 8, "attempt_timeout": 4}
     handles = [launcher.start(r, 2, port, kwargs=kwargs, prefix=ns.prefix) for r in (0, 1)]
     for res in (h.result(40) for h in handles):
         assert res["ok"] or res["error"] in ("RendezvousTimeoutError", "MasterUnreachableError", "PortInUseError"), res
-        assert res["elapsed"] < 15 + 2 + 1.5, res
+        assert res["elapsed"] < kwargs["deadline"] + 2 + 1.5, res

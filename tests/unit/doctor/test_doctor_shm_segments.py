@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from distinit.broadcast._transport import creator as _creator
@@ -12,10 +11,18 @@ from distinit.doctor._shm import check_shm, stale_files
 
 
 def _dead_tag() -> str:
-    """The creator tag of a process that ran and exited (its pid may be reused: its start time then differs)."""
-    code = "from distinit.broadcast._transport import creator; print(creator.tag())"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    return done.stdout.strip()
+    """The creator tag of a process that ran and exited (its pid may be reused: its start time then differs).
+
+    Read from ``/proc`` while the process lives, as ``creator.tag()`` in it would: a ``cat`` waiting on its
+    stdin, not a Python that imports distinit (and torch with it: 15-34 s under load, issue 34)."""
+    proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        tag = _creator.tag(proc.pid)
+    finally:
+        proc.communicate(timeout=60)  # closes its stdin: it exits, and is reaped
+    found = _creator.creator(f"{_creator.PREFIX}{tag}-1")
+    assert proc.returncode == 0 and found is not None and found[1] > 0 and _creator.gone(*found), tag
+    return tag
 
 
 def test_a_dead_creators_segments_are_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
