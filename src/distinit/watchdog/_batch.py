@@ -15,10 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from distinit.watchdog import _dump
 from distinit.watchdog._culprit import Member, Verdict, classify, judge
 from distinit.watchdog._events import Role, WatchdogEvent
-from distinit.watchdog._ladder import LadderConfig, LadderResult, begin_dump
+from distinit.watchdog._ladder import LadderConfig, LadderResult, begin_dump, take_dumps
 from distinit.watchdog._worker import Worker, dump_signal, first_expired, region_info, stack_file
 
 logger = logging.getLogger("distinit.watchdog")
@@ -100,16 +99,22 @@ def _run(
             host.finish(one.w, one.info, detected=one.detected, slot=one.slot)
         return
     _dump_all(cfg, expired)
-    members = [
-        Member(
-            pid=e.w.ref.pid,
-            identity=e.w.identity,
-            armed_at=e.info[1],
-            finding=classify(e.dumped.stack, e.info[3]),
-            mismatch=e.w.mismatch,
+    members = []
+    for e in expired:
+        finding = classify(e.dumped.stack, e.info[3])
+        no_stack = e.dumped.no_stack
+        if finding.activity == "unknown" and not no_stack:
+            no_stack = f"the dump shows no frames of thread {e.info[3]:#x}, which armed the region"
+        members.append(
+            Member(
+                pid=e.w.ref.pid,
+                identity=e.w.identity,
+                armed_at=e.info[1],
+                finding=finding,
+                mismatch=e.w.mismatch,
+                no_stack=no_stack if finding.activity == "unknown" else "",
+            )
         )
-        for e in expired
-    ]
     verdict = judge(members, hold=cfg.victim_hold)
     _report_verdict(host, verdict, expired)
     by_pid = {e.w.ref.pid: e for e in expired}
@@ -122,15 +127,13 @@ def _run(
 
 
 def _dump_all(cfg: LadderConfig, expired: list[_Expired]) -> None:
-    """Ask every member for its stack before reading any: they dump in parallel, within one ``dump_timeout``."""
-    offsets = []
+    """Ask every member for its stack before reading any: they dump in parallel, and are waited for together."""
+    asked = []
     for e in expired:
-        e.dumped, offset = begin_dump(e.w.ref, dump_signal(e.w), stack_file(e.w), cfg)
-        offsets.append(offset)
-    deadline = time.monotonic() + cfg.dump_timeout
-    for e, offset in zip(expired, offsets, strict=True):
-        if offset >= 0:
-            e.dumped.stack = _dump.collect(e.w.stack_path, offset, max(0.01, deadline - time.monotonic()))
+        e.dumped, request = begin_dump(e.w.ref, dump_signal(e.w), stack_file(e.w), cfg)
+        if request is not None:
+            asked.append((e.dumped, request))
+    take_dumps(asked, cfg)
 
 
 def _report_verdict(host: Host, verdict: Verdict, expired: list[_Expired]) -> None:
@@ -153,7 +156,7 @@ def _report_verdict(host: Host, verdict: Verdict, expired: list[_Expired]) -> No
 
 def _role_and_note(verdict: Verdict, member: Member, hold: float) -> tuple[Role, str]:
     """The member's role, and what was decided for it (the start of its event's detail)."""
-    where = member.finding.where or "no readable stack"
+    where = member.finding.where or member.unreadable()
     waiting = member.finding.activity == "collective"
     if member in verdict.culprits:
         return "culprit", f"culprit, running its own code ({where}); killed first:"

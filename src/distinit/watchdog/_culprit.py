@@ -60,6 +60,11 @@ class Member:
     armed_at: float  # CLOCK_MONOTONIC: when it entered the expired region
     finding: Finding
     mismatch: str = ""  # its claimed ranks vs its environment (Identity.disagreement); "" when they agree
+    no_stack: str = ""  # why its dump could not be read ("" when it could, or the reason is unknown)
+
+    def unreadable(self) -> str:
+        """``no readable stack``, and why when known."""
+        return f"no readable stack: {self.no_stack}" if self.no_stack else "no readable stack"
 
     def label(self) -> str:
         """``RANK 2 (pid 4711)``, or ``pid 4711`` when the rank is unknown."""
@@ -157,7 +162,10 @@ def _ranks(members: Sequence[Member]) -> str:
 
 def _summary(culprits: Sequence[Member], victims: Sequence[Member], hold: float) -> str:
     first = culprits[0]
-    doing = "running its own code" if first.finding.activity == "own_code" else "with no readable stack"
+    if first.finding.activity == "own_code":
+        doing = f"running its own code at {first.finding.where}"
+    else:
+        doing = f"with {first.unreadable()}"
     lead = min(v.armed_at for v in victims) - first.armed_at
     entered = f"entered its region {abs(lead):.3f} s {'before' if lead >= 0 else 'after'} the first victim"
     others = f" (other suspects: {_ranks(culprits[1:])})" if len(culprits) > 1 else ""
@@ -165,7 +173,7 @@ def _summary(culprits: Sequence[Member], victims: Sequence[Member], hold: float)
     wait = f" ({waiting[0].finding.where})" if waiting else ""
     return (
         f"watchdog: {len(culprits) + len(victims)} workers expired together; likely culprit "
-        f"{first.label()}, {doing} at {first.finding.where or '?'}, {entered}{others}; victims "
+        f"{first.label()}, {doing}, {entered}{others}; victims "
         f"{_ranks(victims)} blocked in a collective{wait}; killing the culprit first, the victims after a "
         f"{hold:g} s hold"
     )

@@ -148,7 +148,7 @@ class Enforcer:
             result.outcome, result.detail = "released", "it left its region before it was killed (not killed)"
         else:
             result = self._ladder(w, stack_path, dumped)
-        result.detail = f"{note} {result.detail}".strip()
+        result.detail = " ".join(part for part in (note, result.detail, _dump_note(result)) if part)
         ev = expired_event(self.path, w, info, detected=detected, stack_path=stack_path, result=result, role=role)
         self.report(ev)
         self._done.put((w.key, None if result.outcome == "released" else result))
@@ -207,6 +207,13 @@ def expired_event(
         outcome=result.outcome,
         detail=result.detail,
     )
+
+
+def _dump_note(result: LadderResult) -> str:
+    """What the event says of a stack dump that was wanted but not read whole, and why ("" when it was)."""
+    if not result.no_stack:
+        return ""
+    return f"Stack dump incomplete: {result.no_stack}." if result.stack else f"No stack dump: {result.no_stack}."
 
 
 def _still_armed(w: Worker, slot: int, deadline: float) -> bool:

@@ -29,7 +29,8 @@ class LadderConfig:
         grace: seconds between SIGTERM and SIGKILL (0: SIGKILL right after SIGTERM).
         dump_stacks: ask the worker's faulthandler for a stack dump first.
         kill_group: also signal the worker's process group, when the worker leads it (not the server's).
-        dump_timeout: the longest wait for the dump to finish.
+        dump_timeout: the longest a dump may make no progress before it is given up on (time in which a
+            runnable worker only waits for a CPU does not count, see ``_dump.wait``).
         verify_timeout: how long after SIGKILL before the worker is reported unkillable.
         group_window: when a worker expires and other workers' deadlines fall within this many seconds,
             wait for them and judge them together (culprit first, see ``_culprit``); 0 disables it.
@@ -54,6 +55,7 @@ class LadderResult:
     stack: str | None = None
     dead_at: float | None = None
     detail: str = ""
+    no_stack: str = ""  # why there is no complete stack dump ("" when there is one, or none was asked)
 
 
 class _Signaller:
@@ -66,11 +68,15 @@ class _Signaller:
         self.group = cfg.kill_group and proc.leads_group
 
     def __call__(self, sig: int) -> bool:
-        sent = self.proc.send(sig)
+        """Send ``sig``: to the worker's group first (when asked), then to the worker; whether either was sent.
+
+        The group goes first: the worker is in it, and signalled first it may die, and be reaped by its
+        launcher, before the group is signalled; its group could then no longer be named by its number.
+        """
+        grouped = self.group and sig in self.GROUP_SIGNALS and self.proc.send_group(sig)
+        sent = self.proc.send(sig) or grouped
         if sent:
             self.result.signals.append(signal_name(sig))
-            if self.group and sig in self.GROUP_SIGNALS:
-                self.proc.send_group(sig)
         return sent
 
     def group_note(self) -> str:
@@ -84,20 +90,30 @@ class _Signaller:
 
 def begin_dump(
     proc: ProcessRef, dump_signal: int, stack_path: str | None, cfg: LadderConfig
-) -> tuple[LadderResult, int]:
+) -> tuple[LadderResult, _dump.Request | None]:
     """Ask a live worker for its stack (dump signal, then SIGCONT so a stopped one runs its handler).
 
-    Returns a result recording the signals sent, and the stack file offset the dump starts at (-1: no
-    dump was asked for). Several workers can be asked before any dump is collected.
+    Returns a result recording the signals sent, and the dump asked (None: none was; the result's
+    ``no_stack`` says why where one was wanted). Several workers can be asked before any dump is collected.
     """
     result = LadderResult(outcome="exited")
     send = _Signaller(proc, cfg, result)
     if cfg.dump_stacks and dump_signal and stack_path is not None:
-        offset = max(_dump.file_size(stack_path), 0)
-        if send(dump_signal):
+        request = _dump.prepare(proc.pid, proc.start, dump_signal, stack_path)
+        if isinstance(request, str):
+            result.no_stack = request
+        elif send(dump_signal):
             send(signal.SIGCONT)  # a stopped worker runs its dump handler only once continued
-            return result, offset
-    return result, -1
+            return result, request
+        else:
+            result.no_stack = "the worker had exited before its dump was asked"
+    return result, None
+
+
+def take_dumps(asked: list[tuple[LadderResult, _dump.Request]], cfg: LadderConfig) -> None:
+    """Wait for the dumps ``asked`` (all at once) and record each in its result: its stack, or why none."""
+    for (result, _), dump in zip(asked, _dump.wait([r for _, r in asked], cfg.dump_timeout), strict=True):
+        result.stack, result.no_stack = dump.text, dump.why
 
 
 def run_ladder(
@@ -118,9 +134,9 @@ def run_ladder(
         result.detail = "the worker had already exited"
         return result
     if dumped is None:
-        dumped, offset = begin_dump(proc, dump_signal, stack_path, cfg)
-        if offset >= 0 and stack_path is not None:
-            dumped.stack = _dump.collect(stack_path, offset, cfg.dump_timeout)
+        dumped, request = begin_dump(proc, dump_signal, stack_path, cfg)
+        if request is not None:
+            take_dumps([(dumped, request)], cfg)
     send = _Signaller(proc, cfg, dumped)
     if not dumped.signals:  # no dump was asked for: still continue a stopped worker before SIGTERM
         send(signal.SIGCONT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -10,6 +11,10 @@ import time
 from dataclasses import dataclass, field
 
 _PIDFD_SUPPORTED: bool | None = None
+#: ``pidfd_send_signal`` flag (Linux >= 6.9, ``linux/pidfd.h``): signal the process group the pidfd's process leads.
+PIDFD_SIGNAL_PROCESS_GROUP = 4
+# True once the kernel refused that flag (EINVAL, before 6.9): groups are then signalled by number (``killpg``).
+_PIDFD_GROUP_REFUSED = False
 
 
 def pidfd_supported() -> bool:
@@ -145,6 +150,13 @@ class ProcessRef:
             and tgid(self.pid) == self.pid
         )
 
+    def holds_pid(self) -> bool:
+        """Whether the pid still names this process, alive or dead but not yet reaped (a zombie keeps its pid).
+
+        While it does, no other process can have that number, as pid or as process group id.
+        """
+        return start_time(self.pid) == self.start and tgid(self.pid) == self.pid
+
     @property
     def leads_group(self) -> bool:
         """Whether the process leads its own process group (``setsid``/``setpgid``), so the group is its own."""
@@ -179,10 +191,27 @@ class ProcessRef:
 
         A worker in its launcher's group (``mp.spawn``, a ``Popen`` supervisor) shares it with the launcher
         and its sibling ranks: signalling that group would kill them all.
+
+        The worker need not be alive: its children outlive it. Where the kernel allows (Linux >= 6.9), the
+        group is named by the worker's pidfd (``PIDFD_SIGNAL_PROCESS_GROUP``), which reaches exactly the
+        group the worker created even once the worker was reaped and its number given to someone else.
+        Elsewhere it is named by number (``killpg``), and only while the worker holds that number (alive or
+        a zombie): after its launcher reaped it, the number may name another process's group, and nothing
+        is sent.
         """
+        global _PIDFD_GROUP_REFUSED
         if not self.leads_group or self.pgid is None or self.pgid <= 1 or self.pgid == os.getpgrp():
             return False
-        if not self.matches():
+        if self.pidfd is not None and not self._closed and not _PIDFD_GROUP_REFUSED:
+            try:
+                signal.pidfd_send_signal(self.pidfd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # ESRCH: nobody is left in the group; EPERM: not ours to signal
+                    return False
+                _PIDFD_GROUP_REFUSED = True  # a kernel before 6.9: name the group by its number
+            else:
+                return True
+        if not self.holds_pid():
             return False
         try:
             os.killpg(self.pgid, sig)

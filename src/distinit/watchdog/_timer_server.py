@@ -11,8 +11,8 @@ FileTimer"):
 * a worker is the pid *and* the start time seen when its timer was acquired (``"start"`` in the request
   when the client sends it, else read from procfs on arrival), signalled through a pidfd: a reused pid is
   never signalled (torch checks ``os.kill(pid, 0)``);
-* a worker whose client installed the dump handler gets a stack dump (bounded by ``dump_timeout``, 0.1 s)
-  before the signal;
+* a worker whose client installed the dump handler gets a stack dump before the signal (``dump_timeout``,
+  0.1 s, bounds the time a dump makes no progress; a dump not taken says why in the event's detail);
 * expiry is noticed at the deadline (the loop sleeps until the nearest deadline, at most ``max_interval``),
   not up to a whole ``max_interval`` late;
 * the FIFO is created 0600, refused if a symlink, a directory or another user's file stands at the path, and
@@ -182,7 +182,8 @@ class FileTimerServer:
         daemon: whether the watchdog thread is a daemon thread.
         log_event: called as ``log_event(name, request)`` for "watchdog started", "timer expired",
             "kill worker process" and "watchdog stopped" (torch's names); an exception it raises is logged.
-        dump_timeout: the longest wait for a worker's stack dump before its signal (0 disables dumps).
+        dump_timeout: the longest a worker's stack dump may make no progress before its signal (time in which
+            the worker only waits for a CPU does not count; 0 disables dumps).
         events: append each expiry as one ``WatchdogEvent`` JSON line to this file (as ``WatchdogServer``).
 
     Raises:
@@ -225,7 +226,7 @@ class FileTimerServer:
         self._dropped: dict[str, int] = {}
         self._tick_end = 0.0
         self._swept_at = 0.0
-        self._dumps: dict[int, tuple[str, int, float]] = {}  # stack dumps asked for in this pass
+        self._dumps: dict[int, tuple[str, _dump.Dump]] = {}  # this pass's stack dumps: pid -> (file, dump)
         self._signalled: dict[int, bool] = {}  # pids _reap_worker signalled in this pass
         self._sink = EventSink(events)
         try:
@@ -462,22 +463,26 @@ class FileTimerServer:
         if reaped or self._run_once or time.monotonic() - self._swept_at >= min(_SWEEP_EVERY, self._max_interval):
             self.clear_timers(reaped)
 
-    def _begin_dumps(self, pids: list[int]) -> dict[int, tuple[str, int, float]]:
-        """Ask every worker that installed the dump handler for its stack at once: pid -> (file, offset, since)."""
-        asked: dict[int, tuple[str, int, float]] = {}
+    def _begin_dumps(self, pids: list[int]) -> dict[int, tuple[str, _dump.Dump]]:
+        """Ask every worker that installed the dump handler for its stack at once, and wait for every dump.
+
+        pid -> (stack file, dump): the dump is complete, or says why not (``_dump.wait``).
+        """
+        asked: dict[int, tuple[str, _dump.Request]] = {}
         if self._dump_timeout <= 0:
-            return asked
+            return {}
         bit = 1 << (DUMP_SIGNAL - 1)
         for pid in pids:
             ref = self._procs.get(pid)
             if ref is None or not caught_signals(pid) & bit:
                 continue  # no handler: the dump signal's default action would kill it
             path = stack_path(self._file_path, pid, ref.start)
-            offset = _dump.file_size(path)
-            if offset >= 0 and ref.send(DUMP_SIGNAL):
+            request = _dump.prepare(pid, ref.start, DUMP_SIGNAL, path)
+            if not isinstance(request, str) and ref.send(DUMP_SIGNAL):
                 ref.send(_signal.SIGCONT)
-                asked[pid] = (path, offset, time.monotonic())
-        return asked
+                asked[pid] = (path, request)
+        dumps = _dump.wait([request for _, request in asked.values()], self._dump_timeout)
+        return {pid: (path, dump) for (pid, (path, _)), dump in zip(asked.items(), dumps, strict=True)}
 
     def _reap_worker(self, worker_pid: int, signal: int) -> bool:
         """Send ``signal`` to the worker that acquired the timer, after its stack dump; True when done with it.
@@ -489,10 +494,7 @@ class FileTimerServer:
         scopes = sorted(s for p, s in self._timers if p == worker_pid)
         overdue = min((r.expiration_time for (p, _), r in self._timers.items() if p == worker_pid), default=time.time())
         dump = self._dumps.pop(worker_pid, None)
-        stack = None
-        if dump is not None:
-            path, offset, since = dump
-            stack = _dump.collect(path, offset, max(0.0, self._dump_timeout - (time.monotonic() - since)))
+        stack = None if dump is None else dump[1].text
         outcome: Outcome = "refused"
         signals: list[str] = []
         detail = ""
@@ -517,6 +519,8 @@ class FileTimerServer:
             detail = f"sent the requested {signal_name(signal)} (its effect is not waited for, as torch)"
         else:
             outcome, detail = "exited", "the worker exited before the signal"
+        if dump is not None and dump[1].why:
+            detail += f"; {'stack dump incomplete' if stack else 'no stack dump'}: {dump[1].why}"
         self._sink.emit(
             WatchdogEvent(
                 event="watchdog.expired",

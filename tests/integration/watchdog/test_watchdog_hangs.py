@@ -201,3 +201,68 @@ def test_kill_group_takes_the_workers_children_along(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+# A worker leading its own group, with a child that dies on SIGTERM (``sleep``) or ignores it (it needs the
+# group's SIGKILL). Prints the child's pid once the child is ready.
+_LEADER = """
+import subprocess, sys, time
+ignores = sys.argv[1] == "ignores"
+code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)"
+child = subprocess.Popen([sys.executable, "-c", code] if ignores else ["sleep", "600"], stdout=subprocess.PIPE)
+if ignores:
+    child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("child_kind", ["dies-on-sigterm", "ignores"])
+def test_kill_group_reaches_the_group_after_the_worker_was_reaped(tmp_path: Path, child_kind: str) -> None:
+    # The flake of issue 34, made certain: the worker dies of the ladder's SIGTERM and its launcher reaps it
+    # before the server thread (preempted, on a loaded host) goes on. The group must be signalled all the same.
+    import subprocess
+    import sys
+    import threading
+
+    from distinit.watchdog._ladder import LadderConfig, run_ladder
+    from distinit.watchdog._proc import PIDFD_SIGNAL_PROCESS_GROUP, ProcessRef, state
+
+    reaped = threading.Event()
+
+    class PreemptedAfterSigterm(ProcessRef):
+        """The worker's handle; the server thread stalls after signalling the worker until it was reaped."""
+
+        def send(self, sig: int) -> bool:
+            sent = super().send(sig)
+            if sig == signal.SIGTERM:
+                assert reaped.wait(20), "the worker was not reaped after SIGTERM"
+            return sent
+
+    leader = subprocess.Popen(
+        [sys.executable, "-c", _LEADER, child_kind], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    child = 0
+    try:
+        assert leader.stdout is not None
+        child = int(leader.stdout.readline())
+        ref = PreemptedAfterSigterm.open(leader.pid)
+        assert ref is not None and ref.leads_group and ref.pidfd is not None
+        if child_kind == "ignores":
+            try:  # signal 0: permission check only
+                signal.pidfd_send_signal(ref.pidfd, 0, None, PIDFD_SIGNAL_PROCESS_GROUP)
+            except OSError:
+                pytest.skip("a kernel before 6.9 names a reaped worker's group by number only: not signalled")
+        threading.Thread(target=lambda: (leader.wait(), reaped.set()), daemon=True).start()  # its launcher
+        result = run_ladder(ref, 0, None, LadderConfig(grace=0.0, dump_stacks=False, kill_group=True))
+        ref.close()
+        assert leader.returncode == -signal.SIGTERM
+        assert result.outcome == "killed"
+        wait_for(lambda: state(child) in (None, "Z"), 20, "the worker's child to die with its group")
+        assert "SIGKILL" in result.signals  # sent to the group, the worker being gone already
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child or leader.pid, signal.SIGKILL)
+        leader.wait(10)
+        if leader.stdout is not None:
+            leader.stdout.close()

@@ -77,3 +77,36 @@ def test_kill_group_signals_only_a_group_the_worker_leads() -> None:
     assert member.group_sent == []
     assert result.outcome == "killed"
     assert "does not lead its process group (pgid 4242" in result.detail
+
+
+def test_kill_group_signals_the_group_before_the_worker() -> None:
+    # Signalled first, the worker can die and be reaped before its group is signalled (issue 34).
+    log: list[tuple[str, int]] = []
+
+    class Logged(StandIn):
+        def send(self, sig: int) -> bool:
+            log.append(("worker", sig))
+            return super().send(sig)
+
+        def send_group(self, sig: int) -> bool:
+            log.append(("group", sig))
+            return super().send_group(sig)
+
+    leader = Logged(dies_on=signal.SIGKILL, pgid=2**22 + 7)
+    run_ladder(leader, 0, None, LadderConfig(grace=0.0, dump_stacks=False, kill_group=True))
+    sigs = (signal.SIGCONT, signal.SIGTERM, signal.SIGKILL)
+    assert log == [(who, sig) for sig in sigs for who in ("group", "worker")]
+
+
+def test_a_signal_that_reached_only_the_group_still_counts_as_sent() -> None:
+    # The group's SIGTERM killed the worker and its launcher reaped it before its own SIGTERM: not "exited".
+    class ReapedByTheGroupSignal(StandIn):
+        def send_group(self, sig: int) -> bool:
+            if sig == signal.SIGTERM:
+                self.dead = True
+            return super().send_group(sig)
+
+    leader = ReapedByTheGroupSignal(dies_on=None, pgid=2**22 + 7)
+    result = run_ladder(leader, 0, None, LadderConfig(grace=0.0, dump_stacks=False, kill_group=True))
+    assert result.outcome == "killed"
+    assert result.signals == ["SIGCONT", "SIGTERM", "SIGKILL"]
