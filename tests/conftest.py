@@ -20,12 +20,6 @@ ALONE = {
     "tests/integration/init/test_init_lost.py::test_store_host_that_dies_after_joining_is_named": "timing",
     # Measures which transport is faster: tests beside it change the measurement.
     "tests/integration/broadcast/test_broadcast_shm.py::test_auto_takes_shm_only_where_it_measured_faster": "timing",
-    # The watchdog's kill of a worker's process group, and its culprit classification from a stack read in
-    # time: each failed once beside 3 xdist workers on 2 cores in a clean-clone CI run (a child still alive
-    # 20 s after the group kill; "no readable stack"), both passed in every serial run.
-    "tests/integration/watchdog/test_watchdog_hangs.py::test_kill_group_takes_the_workers_children_along": "timing",
-    "tests/integration/watchdog/test_watchdog_culprit.py::"
-    "test_user_code_named_like_nccl_is_the_culprit_and_a_false_rank_claim_is_noted": "timing",
     # Lists /dev/shm before and after: other tests' segments would count as left behind.
     "tests/integration/broadcast/test_shm_pool.py::test_a_killed_job_leaves_no_pooled_segment": "/dev/shm",
 }
