@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from init_launch import Launcher
@@ -48,11 +47,15 @@ def test_master_addr_of_this_host_by_name_is_accepted(launcher: Launcher, port: 
 
 SCRIPT = """
 import sys
+import time
+import torch.distributed  # as a training script does first: the deadline bounds the rendezvous, not imports
 import distinit
+started = time.monotonic()
 try:
     distinit.setup(deadline=4, attempt_timeout=2)
 except distinit.DistinitError as exc:
     print("CAUSE", type(exc.cause).__name__)
+    print("ELAPSED", time.monotonic() - started)
     raise
 """
 
@@ -72,7 +75,6 @@ def test_dns_typo_gives_one_short_readable_error_per_rank(port: int) -> None:
         )
         for r in (0, 1)
     ]
-    started = time.monotonic()
     for rank, proc in enumerate(procs):
         out, err = proc.communicate(timeout=40)
         assert proc.returncode == 1, err
@@ -85,4 +87,7 @@ def test_dns_typo_gives_one_short_readable_error_per_rank(port: int) -> None:
             assert noise not in err, (noise, err)
         if rank == 0:  # rank 0 resolved it itself: the foreign cause is kept on the error
             assert "CAUSE gaierror" in out, out
-    assert time.monotonic() - started < 4 + 15
+        # setup()'s own time, from its call (not the interpreter's start and torch's import, which take
+        # seconds more on a loaded machine): the 4 s deadline holds, with 1 s for the error's making.
+        elapsed = float(out.split("ELAPSED ")[1].split()[0])
+        assert elapsed < 4 + 1, (rank, elapsed)

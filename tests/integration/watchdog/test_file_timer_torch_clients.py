@@ -177,8 +177,13 @@ server = FileTimerServer(fifo, "reuse", max_interval=1.0, events=events)
 server.start()
 worker = subprocess.Popen([sys.executable, worker_script, "torch", fifo, "3"], stdout=subprocess.PIPE, text=True)
 json.loads(worker.stdout.readline())
-deadline = time.time() + 3
-time.sleep(0.2)  # the server reads the acquire line within its poll (a few ms)
+# The kill waits for the server to have identified the worker (pidfd + start time) from its acquire line: a
+# line read only after the worker died would be swept as an exited worker's, and one read after the pid was
+# reused would name the new process (torch's request carries no start time).
+until = time.monotonic() + 60
+while server._procs.get(worker.pid) is None:
+    assert time.monotonic() < until, "the server never read the acquire line"
+    time.sleep(0.01)
 os.kill(worker.pid, signal.SIGKILL)
 worker.wait()
 bystander = None
@@ -191,8 +196,10 @@ for _ in range(50):
         break
     proc.kill()
     proc.wait()
-while time.time() < deadline + 1.5:
-    time.sleep(0.1)
+until = time.monotonic() + 60  # the timer expires 3 s after the acquire: wait for its event, not a clock
+while bystander is not None and '"watchdog.expired"' not in (open(events).read() if os.path.exists(events) else ""):
+    assert time.monotonic() < until, "the timer never expired"
+    time.sleep(0.05)
 server.stop()
 alive = bystander is not None and bystander.poll() is None
 print(json.dumps({"worker": worker.pid, "bystander": bystander and bystander.pid, "alive": alive}))
