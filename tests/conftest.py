@@ -15,9 +15,6 @@ pytest_plugins = ["pytester"]
 
 #: Tests that must not share the machine with other tests, by node id (a prefix covers every parameter).
 ALONE = {
-    # A verdict bound on a SIGKILLed store host: failed twice of two under 3-4 xdist workers on 2 cores
-    # (the survivors saw "connection reset" in the join and retried), passes alone.
-    "tests/integration/init/test_init_lost.py::test_store_host_that_dies_after_joining_is_named": "timing",
     # Measures which transport is faster: tests beside it change the measurement.
     "tests/integration/broadcast/test_broadcast_shm.py::test_auto_takes_shm_only_where_it_measured_faster": "timing",
     # Lists /dev/shm before and after: other tests' segments would count as left behind.

@@ -13,7 +13,6 @@ failure becomes the final error. What each attempt saw is kept in an :class:`Att
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -225,7 +224,7 @@ class Rendezvous:
                     self._phase = "verify"
                 self.former.check(join, generation, end=formed_by)
             except (dist.DistError, RuntimeError, OSError) as exc:
-                gone = self._host_gone()
+                gone = self._host_gone(failed_at=time.monotonic())
                 if gone is not None:
                     raise gone from exc
                 raise self._lost(exc) from exc
@@ -300,15 +299,19 @@ class Rendezvous:
             loss_bound=self.loss_bound,
         )
 
-    def _host_gone(self) -> RankLostError | None:
-        """This rank joined and the store failed: is its host, rank 0, gone? (see :mod:`._host_lost`)."""
+    def _host_gone(self, *, failed_at: float) -> RankLostError | None:
+        """This rank joined and the store failed at ``failed_at``: is its host, rank 0, gone?
+
+        Whatever the store call raised (a reset, EOF, a refusal, a timeout) is only the trigger: the probes
+        of the master's port decide (:func:`~distinit.init._heartbeat.host_gone`).
+        """
         join, generation = self.join, self.generation
         if self.hosting or self.agent or join is None or generation is None:
             return None
         claimant = join.host_claimant
         if not join.beating or claimant is None:
             return None  # not waiting in an incomplete join with rank 0 in it: the attempts handle it
-        frozen = join.frozen_for()
+        frozen = join.frozen_for(failed_at)
         join.stop_beating()
         if frozen is not None:
             # This process did not run for longer than the loss bound: rank 0 declared it lost, published
@@ -322,7 +325,12 @@ class Rendezvous:
                 generation=generation,
             )
         return host_gone(
-            self.master, claimant=claimant, generation=generation, end=self.deadline_at, sleep=self.handover.sleep
+            self.master,
+            claimant=claimant,
+            generation=generation,
+            since=failed_at,
+            end=self.deadline_at,
+            sleep=self.handover.sleep,
         )
 
     def _lost(self, exc: BaseException) -> AttemptFailed:
@@ -336,15 +344,21 @@ class Rendezvous:
 
     # between attempts -----------------------------------------------------------------------------
     def pause(self, seconds: float) -> None:
-        """Sleep between attempts, but wake at once if the world completes meanwhile (joined ranks)."""
+        """Sleep between attempts, but wake at once if the world completes meanwhile (joined ranks).
+
+        Also at once if the store fails meanwhile: the next attempt meets the failure and decides about the
+        store host without the rest of the pause in between.
+        """
         self._paused_at = time.monotonic()
         end = self._paused_at + seconds
         join, generation, records = self.join, self.generation, self.log.records
         if join is not None and generation is not None and records and records[-1].phase == "join":
             state = f"{join.namespace}g{generation}/state"
-            with contextlib.suppress(dist.DistError):  # the store went away: sleep out the pause
+            try:
                 if wait_for_key(join.store, state, end, stop=self.handover.gave_up, poll=join.pace.poll):
-                    return
+                    return  # the world completed (or a verdict came) during the pause
+            except (dist.DistError, RuntimeError, OSError):
+                return  # the store went away: the next attempt meets it at once
         self.handover.sleep(end - time.monotonic())
 
     def give_up(self, last: AttemptFailed) -> NoReturn:

@@ -29,10 +29,10 @@ from torch.distributed import Store
 
 from distinit._board import Board, text
 from distinit._duration import wait_bound
-from distinit._net import probe
+from distinit._net import ProbeResult, probe
 from distinit.errors import RankLostError, RendezvousError
 from distinit.init import _messages
-from distinit.init._policy import BEAT, STALE, Pace, loss_bound
+from distinit.init._policy import BEAT, STALE, Pace, StoreSign, judge_store_host, loss_bound, store_sign
 from distinit.init._store import Master
 
 logger = logging.getLogger("distinit.init")
@@ -88,12 +88,14 @@ class Heartbeat:
         self.store.set(f"{self.prefix}beat/{self.rank}", f"{self._seq}|{time.time():.3f}")
         self.last_beat = time.monotonic()
 
-    def frozen_for(self) -> float | None:
-        """The longest time this rank could not beat (now, or between two beats), if past the loss bound; else None.
+    def frozen_for(self, at: float | None = None) -> float | None:
+        """The longest time this rank could not beat (until ``at``, or between two beats), if past the loss bound.
 
         Such a rank was frozen (SIGSTOP, a thread holding the GIL, swapped out): its watchers declared it lost.
+        ``at``: when the store failed (monotonic; default now): the beats that could not be written after it
+        are no freeze. None when it was not frozen.
         """
-        gap = max(time.monotonic() - self.last_beat, self._frozen)
+        gap = max((time.monotonic() if at is None else at) - self.last_beat, self._frozen)
         return gap if gap > self._stale else None
 
     def start(self) -> None:
@@ -405,10 +407,12 @@ def _gone_here(who: str, host: str) -> bool:
 
 # --- host_lost: The store host (rank 0) died after this rank joined: say so in seconds instead of "missing ranks [0]"
 # later.
-# Rank 0's store dies with it, so no heartbeat verdict can be published. A joined rank whose store
-# connection fails probes MASTER_ADDR:MASTER_PORT: refused for :data:`~distinit.init._policy.STALE` s
-# in a row means nothing serves the port any more (a frozen host or a lost network answers differently, and
-# a restarted rank 0 answers again); then it raises :class:`~distinit.errors.RankLostError` naming rank 0.
+# Rank 0's store dies with it, so no heartbeat verdict can be published. A joined rank whose store call fails
+# (whatever it raised) probes MASTER_ADDR:MASTER_PORT and lets :func:`~distinit.init._policy.judge_store_host`
+# decide from what the probes saw since the failure: nothing served for the loss bound and nothing listens now
+# means rank 0 is gone (a frozen host or a lost network answers differently, and a restarted rank 0 answers
+# again); then it raises :class:`~distinit.errors.RankLostError` naming rank 0. A probe that meets the dying
+# process's listener (accepted, then reset) is no sign of life.
 #: Pause between two probes while deciding.
 PROBE_EVERY = 0.25
 
@@ -418,25 +422,50 @@ def host_gone(
     *,
     claimant: str,
     generation: int,
+    since: float,
     end: float,
     sleep: Callable[[float], None],
     stale: float = STALE,
+    probe_port: Callable[[], ProbeResult] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> RankLostError | None:
-    """Probe until ``stale`` s of refusals (the host is gone) or anything else (None); never past ``end``."""
-    lost_at, lost_wall = time.monotonic(), time.time()
-    if lost_at + stale > end:
+    """Probe until the store host is judged gone (the error naming it) or not (None); never past ``end``.
+
+    ``since``: the monotonic time this rank's store call failed (the count starts there); ``probe_port``: one
+    probe of the master's port (default :func:`distinit._net.probe`; the tests give a scripted one).
+    """
+    if since + stale > end:
         return None  # no room to decide before the deadline: the deadline's error says it
-    while (silent := time.monotonic() - lost_at) < stale:
-        seen = probe(master.addr, master.port, min(1.0, stale), handshake_timeout=1.0)
-        if seen.kind != "refused":
+    lost_wall = time.time() - (clock() - since)
+    seen: list[StoreSign] = []
+    while True:
+        result = probe_port() if probe_port is not None else _probe(master, stale)
+        seen.append(store_sign(result.kind, result.detail))
+        since_failure = clock() - since
+        logger.debug(
+            "rank %d: store host %s %.2f s after the store failed: %s (%s)",
+            master.rank,
+            master.name,
+            since_failure,
+            result.kind,
+            result.detail,
+        )
+        verdict = judge_store_host(seen, since_failure=since_failure, stale=stale)
+        if verdict == "gone":
+            break
+        if verdict == "retry" or clock() + PROBE_EVERY >= end:
             return None  # something answers (a restarted rank 0) or the network fails: the attempts handle it
         sleep(PROBE_EVERY)
     return _messages.rank_lost(
         rank=0,
         claimant=claimant,
-        silent_for=silent,
+        silent_for=since_failure,
         last_seen=datetime.fromtimestamp(lost_wall, tz=timezone.utc).strftime("%H:%M:%S UTC"),
         master=master.name,
         generation=generation,
         local_rank=master.rank,
     )
+
+
+def _probe(master: Master, stale: float) -> ProbeResult:
+    return probe(master.addr, master.port, min(1.0, stale), handshake_timeout=1.0)

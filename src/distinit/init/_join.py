@@ -133,6 +133,10 @@ class JoinProtocol:
         self._published: int | None = None
         # generation -> its token (a digest of the first world-size record): verdicts carry it.
         self._tokens: dict[int, str] = {}
+        # Ranks other than 0: rank 0's claim in the generation this rank waits in, read by the waiting thread
+        # itself (never left to the heartbeat thread's timing), and when to look again while it has none.
+        self._host_claim: str | None = None
+        self._next_host_look = 0.0
 
     # keys -----------------------------------------------------------------------------------------
     def _key(self, generation: int, name: str) -> str:
@@ -229,6 +233,11 @@ class JoinProtocol:
     def _count(self, generation: int, *, counted: bool) -> None:
         """Beat, count this rank (unless ``counted`` already) and keep beating until the world is complete."""
         self.stop_beating()  # a beat of an earlier generation
+        self._host_claim, self._next_host_look = None, 0.0
+        if self.rank != 0:
+            # Before the first beat: a rank seen joined knows rank 0 if rank 0 had claimed by then (else the wait
+            # looks again), so it can name rank 0 should its store die while this rank waits.
+            self._look_for_host(generation)
         heartbeat = Heartbeat(
             self.store,
             prefix=self._key(generation, ""),
@@ -249,13 +258,20 @@ class JoinProtocol:
 
     @property
     def host_claimant(self) -> str | None:
-        """``host pid N`` of rank 0 once this rank's heartbeat watches it (names it if the store host dies)."""
-        claim = self._heartbeat.host_claim if self._heartbeat is not None else None
+        """``host pid N`` of rank 0 once this rank saw its claim (names it if the store host dies while it waits).
+
+        Read as this rank joins, before its first beat, then once per beat while it waits until rank 0 claimed,
+        by the joining thread itself (never left to the heartbeat thread's timing); the heartbeat's reading counts
+        too.
+        """
+        claim = self._host_claim
+        if claim is None and self._heartbeat is not None:
+            claim = self._heartbeat.host_claim
         return Claimant.describe(claim) if claim else None
 
-    def frozen_for(self) -> float | None:
+    def frozen_for(self, at: float | None = None) -> float | None:
         """How long this rank could not beat, if longer than the loss bound (see ``Heartbeat.frozen_for``)."""
-        return self._heartbeat.frozen_for() if self._heartbeat is not None else None
+        return self._heartbeat.frozen_for(at) if self._heartbeat is not None else None
 
     @property
     def beating(self) -> bool:
@@ -376,10 +392,20 @@ class JoinProtocol:
 
     # internals ------------------------------------------------------------------------------------
     def _tick(self, generation: int) -> None:
-        """At every poll: rank 0 keeps the published missing ranks current; every rank logs progress."""
+        """At every poll: rank 0 keeps the missing ranks current, the others learn who rank 0 is; all log progress."""
         if self.rank == 0:
             self._follow(generation)
+        else:
+            self._look_for_host(generation)
         self._progress(generation)
+
+    def _look_for_host(self, generation: int) -> None:
+        """Read rank 0's claim once it exists (one ``check`` per beat until then), to name it if its store dies."""
+        now = time.monotonic()
+        if self._host_claim is not None or now < self._next_host_look:
+            return
+        self._next_host_look = now + self.pace.beat
+        self._host_claim = self._get_now(self._key(generation, "claim/0"))
 
     def _progress(self, generation: int) -> None:
         """The rate-limited progress record: rank 0's own view, else what rank 0 published (one read)."""

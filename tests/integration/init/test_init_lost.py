@@ -8,6 +8,7 @@ import signal
 import socket
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from init_launch import Launcher, Rank
@@ -18,13 +19,25 @@ KWARGS = {"deadline": 60, "attempt_timeout": 20, "backoff": {"initial": 0.5, "ji
 VERDICT_BOUND = 10.0
 
 
-def _wait_joined(port: int, rank: int, *, timeout: float = 60) -> None:
-    """Until ``rank`` has joined generation 0 of the first call and beats (a store client of our own)."""
+def _wait_joined(port: int, rank: int, *, timeout: float = 60, settle: float = 1.5) -> None:
+    """Until ``rank`` has joined generation 0 of the first call and beats (a store client of our own).
+
+    ``settle``: then that long more, for at least one beat from its thread, seen by the watcher.
+    """
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout))
     store.wait([f"distinit/job/0/c1/g0/beat/{rank}"], timedelta(seconds=timeout))
-    time.sleep(1.5)  # at least one beat from its thread, seen by the watcher
+    time.sleep(settle)
+    del store
+
+
+def _wait_counted(port: int, joined: int, *, timeout: float = 60) -> None:
+    """Until ``joined`` ranks have counted themselves in generation 0 of the first call (``order/1..joined``)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    store.wait([f"distinit/job/0/c1/g0/order/{n}" for n in range(1, joined + 1)], timedelta(seconds=timeout))
     del store
 
 
@@ -83,13 +96,21 @@ def test_rank_that_never_arrived_keeps_the_late_worker_patience(launcher: Launch
 
 
 @pytest.mark.timeout(90)
-def test_store_host_that_dies_after_joining_is_named(launcher: Launcher, port: int) -> None:
+def test_store_host_that_dies_after_joining_is_named(launcher: Launcher, port: int, tmp_path: Path) -> None:
     """Rank 0 hosts the store and is SIGKILLed while ranks 1 and 2 wait for rank 3: its store dies with it, so
-    the survivors find the port refused for the liveness period and name rank 0, not "missing ranks" later."""
+    the survivors find nothing serving the port for the liveness period and name rank 0, not "missing ranks" later.
+
+    No sleep decides when to kill: the survivors (imports done) call once rank 0 has joined, so each reads rank
+    0's claim as it joins, before its first beat; the kill comes once all three counted themselves
+    (``order/1..3``), so every survivor is waiting in the join. Its store call then meets a reset or an EOF, and
+    its first probes often the dying process's listener (accepted, then reset): none of that may end the
+    decision early (issue 34)."""
+    go = tmp_path / "go"
     r0 = launcher.start(0, 4, port, kwargs=KWARGS)
-    survivors = [launcher.start(r, 4, port, kwargs=KWARGS) for r in (1, 2)]
-    for rank in (0, 1, 2):
-        _wait_joined(port, rank)
+    survivors = [launcher.start(r, 4, port, kwargs=KWARGS, extra={"after_file": str(go)}) for r in (1, 2)]
+    _wait_joined(port, 0, settle=0.0)
+    go.touch()
+    _wait_counted(port, 3)
     os.kill(r0.proc.pid, signal.SIGKILL)
     stopped_at = time.time()
     for res in (h.result(40) for h in survivors):
