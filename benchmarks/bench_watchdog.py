@@ -106,7 +106,7 @@ def _cost_child(impl: str, path: str, n: int, spaced: int, conn: Connection) -> 
             "default": _time_regions(lambda: client.expires(LONG), n, spaced),
             "empty": _time_regions(contextlib.nullcontext, n, spaced),  # the floor of this measurement
         }
-    elif impl == "dropin":
+    elif impl in ("dropin", "dropin_torch"):  # the drop-in client, under distinit's server or torch's
         from distinit.watchdog import elastic
 
         dclient = elastic.FileTimerClient(path)
@@ -141,6 +141,8 @@ def _run_child(target: Callable[..., None], *args: Any, timeout: float = 600) ->
 
 def bench_cost(n: int, spaced: int, impls: tuple[str, ...] = ("distinit", "torch")) -> dict[str, Any]:
     """The region cost of each of ``impls`` (``distinit``: the native arm, ``dropin``, ``torch``), in turn.
+
+    ``dropin_torch`` is the drop-in client under torch's server (it opens and closes the FIFO per request).
 
     Each client runs in a forked child while its own kind of server (started here) serves it.
     """
@@ -486,7 +488,7 @@ def bench_drop_in(n: int, spaced: int, trials: int) -> dict[str, Any]:
     server running. Latency: hang -> death under each FileTimer server at torchrun's ``max_interval=0.1``,
     and under the drop-in at torch's class default 10 s (it notices expiries at their deadline anyway).
     """
-    cost = bench_cost(n, spaced, ("distinit", "dropin", "torch"))
+    cost = bench_cost(n, spaced, ("distinit", "dropin", "dropin_torch", "torch"))
     latency = {
         "dropin_0.1": latency_torch(0.1, trials, "distinit.watchdog.elastic"),
         "torch_0.1": latency_torch(0.1, trials),
@@ -515,6 +517,7 @@ def render_drop_in(d: dict[str, Any]) -> str:
         "|---|---|---|---|",
         f"| `expires(after, scope, client)`: acquire+release, p50 (p99) | {cost('dropin')} | {cost('torch')} | "
         f"{cost('distinit')} (arm+disarm) |",
+        f"| same, the drop-in client under torch's server | {cost('dropin_torch')} | | |",
         f"| same, default scope, p50 | {c['dropin']['default']['p50_us']:.2f} µs | "
         f"{c['torch']['default']['p50_us']:.0f} µs | {c['distinit']['default']['p50_us']:.2f} µs |",
         f"| hang → death, max_interval 0.1 s: p50 / p99 / max | {lat('dropin_0.1')} | {lat('torch_0.1')} | see above |",
@@ -527,8 +530,10 @@ def render_drop_in(d: dict[str, Any]) -> str:
         + "\n".join(rows)
         + "\n\nNotes: the same worker code for both FileTimers (`expires(after=...)` then sleep), its server in "
         "another process. The drop-in's worker installs the dump handler, so its latency includes the stack dump "
-        "(bounded by 0.1 s). The drop-in keeps the FIFO open and writes one line per call; torch opens, writes "
-        "and closes the FIFO per call, and raises `BlockingIOError` once it is full.\n"
+        "(bounded by 0.1 s). The drop-in keeps the FIFO open and writes one line per call under distinit's server "
+        "(its marker names the FIFO); under torch's it opens, writes and closes the FIFO per call, as torch does "
+        "(torch's server reaps only once every writer has closed it); torch raises `BlockingIOError` once it is "
+        "full.\n"
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: One script per capability, in the order the issues build on each other.
 #: cuda: skipped without a GPU.
-ORDER = ("testing", "init", "watchdog", "broadcast", "doctor", "torchrun", "import", "scale", "cuda")
+ORDER = ("testing", "init", "watchdog", "watchdog_routes", "broadcast", "doctor", "torchrun", "import", "scale", "cuda")
 #: A whole benchmark script must finish within this many seconds.
 LIMIT_S = 1800
 

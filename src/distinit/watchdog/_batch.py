@@ -12,16 +12,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
-from distinit.watchdog._culprit import Member, Verdict, classify, judge
+from distinit.watchdog._culprit import Member, Verdict, assess, judge
 from distinit.watchdog._events import Role, WatchdogEvent
 from distinit.watchdog._ladder import LadderConfig, LadderResult, begin_dump, take_dumps
 from distinit.watchdog._worker import Worker, dump_signal, first_expired, region_info, stack_file
 
 logger = logging.getLogger("distinit.watchdog")
 
+T = TypeVar("T")
 Region = tuple[float, float, str, int]  # (deadline, armed_at, scope, thread), as TableReader.slot_info
 # After the last member's deadline, let the server's clock pass it before re-reading the tables.
 _SETTLE = 0.005
@@ -56,6 +57,30 @@ class _Expired:
     def __init__(self, w: Worker, slot: int, info: Region, detected: float) -> None:
         self.w, self.slot, self.info, self.detected = w, slot, info, detected
         self.dumped = LadderResult(outcome="exited")
+
+
+def gather(
+    due: Sequence[T],
+    ahead: Sequence[T],
+    until: float,
+    *,
+    world: Callable[[T], int | None],
+    deadline: Callable[[T], float],
+) -> list[list[T]]:
+    """Batches to enforce: each expired worker alone, unless others of its job expire by ``until``.
+
+    Workers of one job (the same ``world`` size) that expired (``due``), or whose nearest ``deadline`` falls
+    by ``until`` (``ahead``), form one batch, judged together. A lone expired worker is a batch of one:
+    killed at once. Members are the enforcer's (worker, slot, deadline) or the FileTimer server's pids.
+    """
+    jobs: dict[int | None, list[T]] = {}
+    for member in due:
+        jobs.setdefault(world(member), []).append(member)
+    batches = []
+    for size, members in jobs.items():
+        near = [m for m in ahead if world(m) == size and deadline(m) <= until]
+        batches.append(members + near)
+    return batches
 
 
 def run_batch(host: Host, batch: Sequence[tuple[Worker, int | None, float]], detected: float) -> None:
@@ -99,24 +124,20 @@ def _run(
             host.finish(one.w, one.info, detected=one.detected, slot=one.slot)
         return
     _dump_all(cfg, expired)
-    members = []
-    for e in expired:
-        finding = classify(e.dumped.stack, e.info[3])
-        no_stack = e.dumped.no_stack
-        if finding.activity == "unknown" and not no_stack:
-            no_stack = f"the dump shows no frames of thread {e.info[3]:#x}, which armed the region"
-        members.append(
-            Member(
-                pid=e.w.ref.pid,
-                identity=e.w.identity,
-                armed_at=e.info[1],
-                finding=finding,
-                mismatch=e.w.mismatch,
-                no_stack=no_stack if finding.activity == "unknown" else "",
-            )
+    members = [
+        assess(
+            e.w.ref.pid,
+            e.w.identity,
+            armed_at=e.info[1],
+            stack=e.dumped.stack,
+            thread=e.info[3],
+            no_stack=e.dumped.no_stack,
+            mismatch=e.w.mismatch,
         )
+        for e in expired
+    ]
     verdict = judge(members, hold=cfg.victim_hold)
-    _report_verdict(host, verdict, expired)
+    host.report(verdict_event(host.path, verdict, scope=expired[0].info[2]))
     by_pid = {e.w.ref.pid: e for e in expired}
     first = [by_pid[m.pid] for m in verdict.culprits]
     rest = [by_pid[m.pid] for m in verdict.victims]
@@ -136,26 +157,25 @@ def _dump_all(cfg: LadderConfig, expired: list[_Expired]) -> None:
     take_dumps(asked, cfg)
 
 
-def _report_verdict(host: Host, verdict: Verdict, expired: list[_Expired]) -> None:
+def verdict_event(path: str, verdict: Verdict, *, scope: str) -> WatchdogEvent:
+    """The ``watchdog.verdict`` event: the likely culprit (pid, ranks; None when none was found) and the summary."""
     likely = verdict.likely
-    who = expired[0].w if likely is None else next(e.w for e in expired if e.w.ref.pid == likely.pid)
-    host.report(
-        WatchdogEvent(
-            event="watchdog.verdict",
-            path=host.path,
-            pid=None if likely is None else likely.pid,
-            rank=None if likely is None else likely.identity.rank,
-            local_rank=None if likely is None else likely.identity.local_rank,
-            world_size=who.identity.world_size,
-            role=None if likely is None else "culprit",
-            scope=expired[0].info[2],
-            detail=verdict.summary,
-        )
+    judged = likely or (verdict.culprits + verdict.victims)[0]
+    return WatchdogEvent(
+        event="watchdog.verdict",
+        path=path,
+        pid=None if likely is None else likely.pid,
+        rank=None if likely is None else likely.identity.rank,
+        local_rank=None if likely is None else likely.identity.local_rank,
+        world_size=judged.identity.world_size,
+        role=None if likely is None else "culprit",
+        scope=scope,
+        detail=verdict.summary,
     )
 
 
-def _role_and_note(verdict: Verdict, member: Member, hold: float) -> tuple[Role, str]:
-    """The member's role, and what was decided for it (the start of its event's detail)."""
+def role_and_note(verdict: Verdict, member: Member, hold: float) -> tuple[Role | None, str]:
+    """The member's role (None: unknown), and what was decided for it (the start of its event's detail)."""
     where = member.finding.where or member.unreadable()
     waiting = member.finding.activity == "collective"
     if member in verdict.culprits:
@@ -165,6 +185,8 @@ def _role_and_note(verdict: Verdict, member: Member, hold: float) -> tuple[Role,
         return "victim", f"victim, {doing} ({where}); after the culprit and a {hold:g} s hold:"
     if waiting:
         return "victim", f"victim, blocked in a collective ({where}); no culprit among them, killed with the others:"
+    if member.finding.activity == "unknown":  # no evidence: neither culprit nor victim is named
+        return None, f"role unknown ({where}); no culprit named, killed with the others:"
     return "culprit", f"independent hang ({where}); killed with the others:"
 
 
@@ -179,7 +201,7 @@ def _kill(
     threads = []
     for e in group:
         pending.pop(e.w.key)
-        role, note = _role_and_note(verdict, members[e.w.ref.pid], host.ladder.victim_hold)
+        role, note = role_and_note(verdict, members[e.w.ref.pid], host.ladder.victim_hold)
         t = threading.Thread(
             target=host.finish,
             args=(e.w, e.info),

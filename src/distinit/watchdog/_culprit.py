@@ -119,6 +119,33 @@ def classify(stack: str | None, thread: int) -> Finding:
     return Finding("own_code", where)
 
 
+def assess(
+    pid: int,
+    identity: Identity,
+    *,
+    armed_at: float,
+    stack: str | None,
+    thread: int | None,
+    no_stack: str = "",
+    mismatch: str = "",
+) -> Member:
+    """One member of a group that expired together, judged from its dump (``stack``; None: none was read).
+
+    ``thread`` is the thread that armed the region (None: not known, as for a FileTimer request: a dump of a
+    single thread is then read, one of several is not). ``no_stack`` says why there is no dump, when known.
+    """
+    finding = classify(stack, thread or 0)
+    if finding.activity != "unknown":
+        no_stack = ""
+    elif not no_stack and stack:
+        no_stack = (
+            f"the dump shows no frames of thread {thread:#x}, which armed the region"
+            if thread
+            else "the dump shows several threads and nothing says which one armed the region"
+        )
+    return Member(pid=pid, identity=identity, armed_at=armed_at, finding=finding, mismatch=mismatch, no_stack=no_stack)
+
+
 def _native_collective(stack: str) -> str:
     """The innermost native frame of the dump that is in a collective library, or ``""``.
 
@@ -170,17 +197,24 @@ def _summary(culprits: Sequence[Member], victims: Sequence[Member], hold: float)
     entered = f"entered its region {abs(lead):.3f} s {'before' if lead >= 0 else 'after'} the first victim"
     others = f" (other suspects: {_ranks(culprits[1:])})" if len(culprits) > 1 else ""
     waiting = [v for v in victims if v.finding.activity == "collective"]
-    wait = f" ({waiting[0].finding.where})" if waiting else ""
+    unread = [v for v in victims if v.finding.activity != "collective"]  # never says "blocked" without a stack
+    seen = [f"{_ranks(waiting)} blocked in a collective ({waiting[0].finding.where})"] if waiting else []
+    seen += [f"{_ranks(unread)} with no readable stack"] if unread else []
     return (
         f"watchdog: {len(culprits) + len(victims)} workers expired together; likely culprit "
-        f"{first.label()}, {doing}, {entered}{others}; victims "
-        f"{_ranks(victims)} blocked in a collective{wait}; killing the culprit first, the victims after a "
-        f"{hold:g} s hold"
+        f"{first.label()}, {doing}, {entered}{others}; victims {' and '.join(seen)}; killing the culprit "
+        f"first, the victims after a {hold:g} s hold"
     )
 
 
 def _summary_without_culprit(members: Sequence[Member], suspects: Sequence[Member]) -> str:
-    if suspects:  # every member runs its own code (or none has a stack): independent hangs
+    if suspects and all(m.finding.activity == "unknown" for m in members):  # no evidence either way
+        reasons = "; ".join(sorted({m.no_stack or "reason unknown" for m in members}))
+        return (
+            f"watchdog: {len(members)} workers expired together, none with a readable stack ({reasons}): "
+            f"{_ranks(members)}; who waits on whom is unknown, so no single culprit is named; killing all now"
+        )
+    if suspects:  # every member runs its own code: independent hangs
         return (
             f"watchdog: {len(members)} workers expired together, none waiting on a collective: "
             f"{_ranks(members)}; no single culprit, killing all now"

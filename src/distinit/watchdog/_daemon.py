@@ -28,7 +28,9 @@ def serve(
     """Run a :class:`WatchdogServer` in this process until SIGTERM or SIGINT; returns the exit status (0).
 
     With ``torch_fifo``, a :class:`~distinit.watchdog.elastic.FileTimerServer` also serves torch's
-    ``FileTimerClient`` (and distinit's drop-in) on that FIFO, for jobs that keep torch's timer API.
+    ``FileTimerClient`` (and distinit's drop-in) on that FIFO, for jobs that keep torch's timer API; its
+    workers are judged with the same ``group_window`` and ``victim_hold`` (culprit first). The watchdog
+    directory is removed on return when this server created it and it is empty.
     Must be called from the main thread (it installs the signal handlers, and restores them on return).
 
     Raises:
@@ -51,10 +53,18 @@ def serve(
             resolution=resolution,
             group_window=group_window,
             victim_hold=victim_hold,
-        ):
+        ) as server:
             timers = None
-            if torch_fifo is not None:
-                timers = FileTimerServer(torch_fifo, "distinit-watchdog-serve", max_interval=1.0, events=events)
+            if torch_fifo is not None:  # judged as the native server judges: the same window, hold and dumps
+                timers = FileTimerServer(
+                    torch_fifo,
+                    "distinit-watchdog-serve",
+                    max_interval=1.0,
+                    events=events,
+                    dump_timeout=server.ladder.dump_timeout if dump_stacks else 0.0,
+                    group_window=group_window,
+                    victim_hold=victim_hold,
+                )
                 timers.start()
             try:
                 while not stop.wait(1.0):
@@ -130,7 +140,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="also serve torch's FileTimerClient on this FIFO (created 0600; e.g. the path workers read from "
-        "$TORCHELASTIC_TIMER_FILE): the requested signal, after a stack dump when the worker allows it",
+        "$TORCHELASTIC_TIMER_FILE): the requested signal, after a stack dump when the worker allows it; workers "
+        "that expire together are judged with --group-window and --victim-hold, culprit first",
     )
 
 

@@ -7,6 +7,7 @@ below then names that user).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -88,25 +89,55 @@ def private_dir_problem(path: str) -> str | None:
     return None
 
 
+def _create(path: str) -> tuple[str | None, tuple[int, int] | None]:
+    """Create ``path`` (0700, and its missing parents) if missing: (why it cannot serve, its id if made now).
+
+    The id (device, inode) is returned only when this call created ``path`` itself (``mkdir`` is atomic: a
+    directory someone else made first is never claimed).
+    """
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            made = None
+        else:
+            st = os.lstat(path)
+            made = (st.st_dev, st.st_ino)
+    except OSError as exc:
+        return f"cannot create the watchdog directory {path!r}: {exc.strerror or exc}", None
+    return private_dir_problem(path), made
+
+
 def prepare(path: str) -> str | None:
     """Create ``path`` (0700) if missing; why it cannot serve as the watchdog directory (None: it can)."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        return f"cannot create the watchdog directory {path!r}: {exc.strerror or exc}"
-    return private_dir_problem(path)
+    return _create(path)[0]
 
 
-def require_servable(path: str) -> None:
-    """Create ``path`` if missing and make sure a server may serve it.
+def remove_if_made(path: str, made: tuple[int, int] | None) -> None:
+    """Remove the directory ``path`` if it is empty and still the one made as ``made`` (its device, inode).
+
+    Never a directory that existed before (``made`` None) nor one that replaced it; one that holds anything
+    (slot tables a later server adopts, stack files events name) is kept (``rmdir`` removes only empty ones).
+    """
+    if made is None:
+        return
+    with contextlib.suppress(OSError):  # not empty, gone, or no longer ours to remove
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == made:
+            os.rmdir(path)
+
+
+def require_servable(path: str) -> tuple[int, int] | None:
+    """Create ``path`` if missing and make sure a server may serve it; its id when this call created it.
 
     Raises:
         WatchdogError: another user owns it (naming that user), its mode lets others in, or it cannot be
             created.
     """
-    problem = prepare(path)
+    problem, made = _create(path)
     if problem is None:
-        return
+        return made
     if "another user created it" in problem:
         why = (
             "while another user owns this directory no watchdog can run there, and every client of this job "

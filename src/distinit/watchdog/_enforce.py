@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from distinit.watchdog._batch import run_batch
+from distinit.watchdog._batch import gather, run_batch
 from distinit.watchdog._events import Role, WatchdogEvent, region_event
 from distinit.watchdog._ladder import LadderConfig, LadderResult, run_ladder
 from distinit.watchdog._worker import Worker, dump_signal, first_expired, region_info, stack_file
@@ -23,22 +23,6 @@ logger = logging.getLogger("distinit.watchdog")
 
 #: One member of a batch to enforce: the worker, its expired slot (None: not yet expired), its deadline.
 Due = tuple[Worker, "int | None", float]
-
-
-def gather(due: list[Due], ahead: list[Due], until: float) -> list[list[Due]]:
-    """Batches to enforce: each expired worker alone, unless others of its job expire by ``until``.
-
-    Workers of one job (the same ``world_size``) that expired, or whose nearest deadline falls by
-    ``until``, form one batch, judged together. A lone expired worker is a batch of one: killed at once.
-    """
-    jobs: dict[int | None, list[Due]] = {}
-    for member in due:
-        jobs.setdefault(member[0].identity.world_size, []).append(member)
-    batches = []
-    for world, members in jobs.items():
-        near = [m for m in ahead if m[0].identity.world_size == world and m[2] <= until]
-        batches.append(members + near)
-    return batches
 
 
 class Enforcer:
@@ -84,7 +68,11 @@ class Enforcer:
             else:
                 ahead.append((w, None, next_deadline))
         window = self.ladder.group_window
-        for batch in gather(due, ahead, now + window) if window > 0 else [[m] for m in due]:
+        for batch in (
+            gather(due, ahead, now + window, world=lambda m: m[0].identity.world_size, deadline=lambda m: m[2])
+            if window > 0
+            else [[m] for m in due]
+        ):
             self._start(batch, now)
         return nearest
 

@@ -117,7 +117,7 @@ def describe(ev: WatchdogEvent) -> str:
     if ev.event == "watchdog.verdict":
         return ev.detail
     if ev.event == "watchdog.expired":
-        stack = f"; stack in {ev.stack_file}" if ev.stack else "; no stack captured"
+        stack = "; no stack captured" if not ev.stack else f"; stack in {ev.stack_file or 'the event'}"
         armed = "" if ev.after_s is None else f"armed for {ev.after_s:.3f} s, "
         dead = "" if ev.dead_after_s is None else f" {ev.dead_after_s:.3f} s after the deadline"
         return (

@@ -77,6 +77,11 @@ class Identity:
         environ = {k.decode("ascii", "replace"): v.decode("ascii", "replace") for k, _, v in pairs}
         return cls.from_env(environ)
 
+    @classmethod
+    def from_facts(cls, facts: Mapping[str, object]) -> Identity:
+        """The ``rank``, ``local_rank`` and ``world_size`` a worker sent (JSON); anything malformed is unknown."""
+        return cls(**{k: _small_int(facts.get(k)) for k in _IDENTITY_ENV})
+
     def disagreement(self, pid: int, environ: Identity | None) -> str:
         """Why the ranks this worker claimed contradict its environment ``environ``, or ``""`` when they do not."""
         if environ is None:
@@ -121,7 +126,7 @@ def decode_identity(raw: bytes) -> Identity:
         return Identity()
     if not isinstance(facts, dict):
         return Identity()
-    return Identity(**{k: _small_int(facts.get(k)) for k in _IDENTITY_ENV})
+    return Identity.from_facts(facts)
 
 
 def encode_reply(*, ok: bool, **facts: Any) -> bytes:

@@ -114,6 +114,7 @@ class WatchdogServer:
         )
         self._next_scan = 0.0
         self._last_loop_error = -_LOOP_ERROR_LOG_INTERVAL
+        self._made: tuple[int, int] | None = None  # the directory's id when start() created it
 
     # ----------------------------------------------------------------- public
     def env(self) -> dict[str, str]:
@@ -140,11 +141,15 @@ class WatchdogServer:
         if self.running:
             return self
         self._check_directory()
-        self._sink = EventSink(self.events_path)
         try:
-            self._listener = bind_listener(self.socket_path, self.path)
+            self._sink = EventSink(self.events_path)
+            try:
+                self._listener = bind_listener(self.socket_path, self.path)
+            except BaseException:
+                self._sink.close()
+                raise
         except BaseException:
-            self._sink.close()
+            _directory.remove_if_made(self.path, self._made)
             raise
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel = selectors.DefaultSelector()
@@ -167,7 +172,11 @@ class WatchdogServer:
         return self
 
     def stop(self, timeout: float | timedelta = 5.0) -> None:
-        """Stop watching; armed tables stay for a later server. Idempotent, bounded by ``timeout``."""
+        """Stop watching; armed tables stay for a later server. Idempotent, bounded by ``timeout``.
+
+        The directory is removed when ``start()`` created it and it is left empty (no table, no stack file);
+        a directory that existed before is never removed.
+        """
         seconds = wait_bound(to_seconds(timeout, "timeout", allow_zero=True, allow_inf=True))
         if self._thread is None:
             return
@@ -182,6 +191,8 @@ class WatchdogServer:
         self._emit(WatchdogEvent(event="watchdog.stopped", path=self.path))
         if self._sink is not None:
             self._sink.close()
+        _directory.remove_if_made(self.path, self._made)  # only the one start() created, and only if empty
+        self._made = None
 
     def __enter__(self) -> WatchdogServer:
         return self.start()
@@ -193,13 +204,13 @@ class WatchdogServer:
 
     # ----------------------------------------------------------------- set-up and teardown
     def _check_directory(self) -> None:
-        _directory.require_servable(self.path)
         if len(self.socket_path.encode()) > MAX_SOCKET_PATH:
             raise WatchdogError(
                 f"the socket path {self.socket_path!r} is {len(self.socket_path.encode())} bytes; "
                 f"Unix sockets allow {MAX_SOCKET_PATH}",
                 fix="choose a shorter --path, e.g. under /dev/shm or /tmp",
             )
+        self._made = _directory.require_servable(self.path)
 
     def _close_resources(self) -> None:
         if self._handshakes is not None:

@@ -12,7 +12,13 @@ FileTimer"):
   when the client sends it, else read from procfs on arrival), signalled through a pidfd: a reused pid is
   never signalled (torch checks ``os.kill(pid, 0)``);
 * a worker whose client installed the dump handler gets a stack dump before the signal (``dump_timeout``,
-  0.1 s, bounds the time a dump makes no progress; a dump not taken says why in the event's detail);
+  0.1 s, bounds the time a dump makes no progress; a dump not taken says why in the event's detail), and the
+  stack file of a reported dump is kept (the event names it);
+* workers of one job whose timers expire together (within ``group_window``) are judged as the native server
+  judges them (:mod:`~distinit.watchdog._culprit`): the one running its own code is signalled first, those
+  waiting in a collective ``victim_hold`` seconds later if still armed, so a launcher names the culprit;
+* every event names the worker's rank, from its request when the client sends one, else from the environment
+  it started with (``/proc/<pid>/environ``: RANK, LOCAL_RANK, WORLD_SIZE or the Slurm/Open MPI ones);
 * expiry is noticed at the deadline (the loop sleeps until the nearest deadline, at most ``max_interval``),
   not up to a whole ``max_interval`` late;
 * the FIFO is created 0600, refused if a symlink, a directory or another user's file stands at the path, and
@@ -34,13 +40,24 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from distinit.errors import WatchdogError
 from distinit.watchdog import _dump
-from distinit.watchdog._events import EventSink, Outcome, WatchdogEvent
+from distinit.watchdog._batch import gather, role_and_note, verdict_event
+from distinit.watchdog._culprit import assess, judge
+from distinit.watchdog._events import EventSink, Outcome, Role, WatchdogEvent
 from distinit.watchdog._ladder import signal_name
 from distinit.watchdog._proc import ProcessRef, owner_uid, start_time, state
-from distinit.watchdog._timer_client import DUMP_SIGNAL, MAX_LINE_BYTES, FileTimerRequest, stack_path
+from distinit.watchdog._protocol import Identity
+from distinit.watchdog._timer_client import (
+    DUMP_SIGNAL,
+    MAX_LINE_BYTES,
+    FileTimerRequest,
+    publish_marker,
+    stack_path,
+    withdraw_marker,
+)
 
 logger = logging.getLogger("distinit.watchdog")
 
@@ -55,16 +72,21 @@ _SWEEP_EVERY = 0.1
 _SIGNAL_MAX = int(_signal.SIGRTMAX)
 # How every request line of torch's and distinit's clients begins (json.dumps of a dict led by "version").
 _LINE_START = b'{"version"'
+# After a batch's last deadline, let the clock pass it before the timers are read again.
+_SETTLE = 0.005
 
 LogEvent = Callable[[str, FileTimerRequest | None], None]
+#: A worker's stack dump: (its stack file, or None when no dump was asked; what it gave, or why not).
+Dumped = tuple["str | None", _dump.Dump]
 
 
 def parse_request(line: bytes) -> FileTimerRequest | str:
     """One request line → a request, or the reason it is refused (never raises).
 
     The line must be one JSON object with ``version`` 1, an integer ``pid``, a string ``scope_id``, a
-    finite number ``expiration_time`` and an integer ``signal`` within ±SIGRTMAX. An optional integer
-    ``start`` (the worker's start time, sent by distinit's client) is kept on the request as ``start``.
+    finite number ``expiration_time`` and an integer ``signal`` within ±SIGRTMAX. Optional keys a client may
+    add (torch's server ignores them): ``start`` (the worker's start time), ``thread`` (the ident of the thread
+    that acquired) and ``rank``, ``local_rank``, ``world_size``; kept on the request, malformed ones unknown.
     Scope ids are kept as ASCII: other characters are escaped with a backslash, control characters too.
     """
     try:
@@ -84,18 +106,24 @@ def parse_request(line: bytes) -> FileTimerRequest | str:
         return f"expiration_time {when!r} is not a finite number"
     if type(sig) is not int or abs(sig) > _SIGNAL_MAX:
         return f"signal {sig!r} is not a signal number"
-    start = doc.get("start")
-    return _Request(pid, _ascii(scope), float(when), sig, start if type(start) is int and start >= 0 else None)
+    start, thread = doc.get("start"), doc.get("thread")
+    request = _Request(pid, _ascii(scope), float(when), sig)
+    request.start = start if type(start) is int and start >= 0 else None
+    request.thread = thread if type(thread) is int and 0 < thread < 1 << 64 else None
+    request.claimed = Identity.from_facts(doc)
+    return request
 
 
 class _Request(FileTimerRequest):
-    """A request read from the FIFO, with the start time the client sent (None: a torch client)."""
+    """A request read from the FIFO, with what the client added: start time, thread, ranks (None: not sent)."""
 
-    __slots__ = ("start",)
+    __slots__ = ("claimed", "start", "thread")
 
-    def __init__(self, pid: int, scope_id: str, expiration_time: float, signal: int, start: int | None) -> None:
+    def __init__(self, pid: int, scope_id: str, expiration_time: float, signal: int) -> None:
         super().__init__(pid, scope_id, expiration_time, signal)
-        self.start = start
+        self.start: int | None = None
+        self.thread: int | None = None
+        self.claimed = Identity()
 
 
 def _ascii(scope: str) -> str:
@@ -124,11 +152,13 @@ def caught_signals(pid: int) -> int:
     return 0
 
 
-def make_fifo(file_path: str) -> tuple[int, int]:
+def make_fifo(file_path: str, *, before_open: Callable[[os.stat_result], None] | None = None) -> tuple[int, int]:
     """Create the FIFO ``file_path`` (0600) and open it: (read end, keep-alive write end), both non-blocking.
 
     As torch's server does, a FIFO or regular file of this user already at the path is replaced. A symlink,
     a directory, another file type or another user's file is refused: removing it would follow a trap.
+    ``before_open`` is called with the new FIFO's ``stat`` before it is opened for reading (clients can open
+    it only from then on); the FIFO opened must be that one.
 
     Raises:
         WatchdogError: the path is refused or the FIFO cannot be created.
@@ -151,6 +181,9 @@ def make_fifo(file_path: str) -> tuple[int, int]:
         os.unlink(file_path)
     try:
         os.mkfifo(file_path, 0o600)
+        made = os.lstat(file_path)
+        if before_open is not None:
+            before_open(made)
         rfd = os.open(file_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise WatchdogError(
@@ -159,7 +192,11 @@ def make_fifo(file_path: str) -> tuple[int, int]:
             fix="choose a path in an existing directory only you can write",
         ) from exc
     st = os.fstat(rfd)
-    if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
+    if (
+        not stat.S_ISFIFO(st.st_mode)
+        or st.st_uid != os.geteuid()
+        or (st.st_dev, st.st_ino) != (made.st_dev, made.st_ino)
+    ):
         os.close(rfd)
         raise WatchdogError(
             f"the timer FIFO {file_path!r} was replaced while it was being opened",
@@ -185,9 +222,14 @@ class FileTimerServer:
         dump_timeout: the longest a worker's stack dump may make no progress before its signal (time in which
             the worker only waits for a CPU does not count; 0 disables dumps).
         events: append each expiry as one ``WatchdogEvent`` JSON line to this file (as ``WatchdogServer``).
+        group_window: when a worker's timer expires and other workers of its job (the same ``WORLD_SIZE``)
+            have a deadline within this many seconds, wait for them and judge them together, culprit first
+            (as ``WatchdogServer``; 0: every expired worker is signalled at once, as torch's server does).
+        victim_hold: seconds between signalling the culprit and signalling the victims still armed.
 
     Raises:
-        ValueError: ``max_interval`` or ``dump_timeout`` is not a finite positive (non-negative) number.
+        ValueError: ``max_interval`` is not a finite number > 0, or ``dump_timeout``, ``group_window`` or
+            ``victim_hold`` not a finite number >= 0.
         WatchdogError: the FIFO or the events file is refused.
     """
 
@@ -201,19 +243,31 @@ class FileTimerServer:
         *,
         dump_timeout: float = 0.1,
         events: str | None = None,
+        group_window: float = 1.0,
+        victim_hold: float = 2.0,
     ) -> None:
         if not (isinstance(max_interval, int | float) and math.isfinite(max_interval) and max_interval > 0):
             raise ValueError(f"max_interval must be a finite number of seconds > 0, got {max_interval!r}")
-        if not (isinstance(dump_timeout, int | float) and math.isfinite(dump_timeout) and dump_timeout >= 0):
-            raise ValueError(f"dump_timeout must be a finite number of seconds >= 0, got {dump_timeout!r}")
+        for name, value in (
+            ("dump_timeout", dump_timeout),
+            ("group_window", group_window),
+            ("victim_hold", victim_hold),
+        ):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         self._file_path = file_path
         self._run_id = run_id
         self._max_interval = float(max_interval)
         self._daemon = daemon
         self._dump_timeout = float(dump_timeout)
+        self._group_window = float(group_window)
+        self._victim_hold = float(victim_hold)
         self._log_event: LogEvent = log_event if log_event is not None else (lambda name, request: None)
         self._timers: dict[tuple[int, str], FileTimerRequest] = {}
         self._procs: dict[int, ProcessRef | None] = {}  # identity seen at acquire; None: never signalled
+        self._who: dict[int, tuple[Identity, str]] = {}  # pid -> its ranks, and how its claim contradicts its env
+        self._armed: dict[tuple[int, str], tuple[float, int | None]] = {}  # timer -> (read at, monotonic; thread)
+        self._batches: list[_Batch] = []  # workers of one job being judged together
         self._request_count = 0
         self._stop_signaled = False
         self._run_once = False
@@ -226,14 +280,17 @@ class FileTimerServer:
         self._dropped: dict[str, int] = {}
         self._tick_end = 0.0
         self._swept_at = 0.0
-        self._dumps: dict[int, tuple[str, _dump.Dump]] = {}  # this pass's stack dumps: pid -> (file, dump)
+        self._facts: dict[int, _Facts] = {}  # what this pass reports of the workers it reaps, by pid
         self._signalled: dict[int, bool] = {}  # pids _reap_worker signalled in this pass
         self._sink = EventSink(events)
+        self._marker = -1  # the marker that tells distinit's clients this server reads the FIFO (held open)
         try:
-            self._rfd, self._wfd = make_fifo(file_path)
+            self._rfd, self._wfd = make_fifo(file_path, before_open=self._publish)
             st = os.fstat(self._rfd)
             self._fifo_id = (st.st_dev, st.st_ino)  # stop() removes this FIFO only, not a successor's
         except BaseException:
+            if self._marker >= 0:
+                withdraw_marker(file_path, self._marker)
             self._sink.close()
             raise
         self._poller = select.poll()
@@ -283,11 +340,27 @@ class FileTimerServer:
         with contextlib.suppress(OSError):
             os.write(self._wfd, b"\n")
 
+    def _publish(self, fifo: os.stat_result) -> None:
+        """Publish the marker for the new FIFO; without one, distinit's clients act as torch's (no dumps)."""
+        try:
+            self._marker = publish_marker(self._file_path, fifo)
+        except OSError as exc:
+            logger.warning(
+                "watchdog: cannot publish the marker beside the timer FIFO %r (%s): distinit's clients will treat "
+                "this server as torch's (a request per open, no stack dumps)",
+                self._file_path,
+                exc.strerror or exc,
+                extra={"distinit": {"event": "watchdog.no_marker", "path": self._file_path}},
+            )
+
     def _close(self) -> None:
         for fd in (self._rfd, self._wfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._rfd = self._wfd = -1
+        if self._marker >= 0:
+            withdraw_marker(self._file_path, self._marker)
+            self._marker = -1
         with contextlib.suppress(OSError):
             st = os.lstat(self._file_path)
             if stat.S_ISFIFO(st.st_mode) and (st.st_dev, st.st_ino) == self._fifo_id:
@@ -296,6 +369,8 @@ class FileTimerServer:
             if ref is not None:
                 ref.close()
         self._procs.clear()
+        self._who.clear()
+        self._batches.clear()  # workers still being judged are left alone
         self._sink.close()
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -335,8 +410,9 @@ class FileTimerServer:
             left = self._tick_end - now
             if left <= 0:
                 return
-            nearest = min((r.expiration_time for r in self._timers.values()), default=math.inf) - time.time()
-            wait = max(0.0, min(left, nearest))
+            held = self._held()
+            nearest = min((r.expiration_time for (p, _), r in self._timers.items() if p not in held), default=math.inf)
+            wait = max(0.0, min(left, nearest - time.time(), self._next_step()))
             with contextlib.suppress(InterruptedError):
                 self._poller.poll(math.ceil(wait * 1000))
 
@@ -389,28 +465,45 @@ class FileTimerServer:
 
     def register_timers(self, timer_requests: list[FileTimerRequest]) -> None:
         """Apply requests: an acquire sets the (pid, scope) timer (replacing one of that scope), a release drops it."""
+        now = time.monotonic()
         for request in timer_requests:
-            start = request.start if isinstance(request, _Request) else None
+            ours = request if isinstance(request, _Request) else None
             self._request_count += 1
             key = (request.worker_pid, request.scope_id)
             if request.expiration_time < 0:
                 self._timers.pop(key, None)
+                self._armed.pop(key, None)
                 continue
             if key not in self._timers and len(self._timers) >= MAX_TIMERS:
                 self._reject(f"more than {MAX_TIMERS} timers at once (pid {request.worker_pid})")
                 continue
             self._timers[key] = request
-            self._identify(request.worker_pid, start)
+            self._armed[key] = (now, None if ours is None else ours.thread)
+            self._identify(request.worker_pid, None if ours is None else ours.start, ours)
 
-    def _identify(self, pid: int, start: int | None) -> None:
-        """Remember which process ``pid`` is now (pidfd + start time); None for pids never to be signalled."""
+    def _identify(self, pid: int, start: int | None, request: _Request | None) -> None:
+        """Remember which process ``pid`` is now (pidfd + start time; None: never signalled) and its ranks.
+
+        The ranks are the ones the request claims, else the ones in the environment the process started
+        with (``/proc/<pid>/environ``); a claim that environment contradicts is noted (``Identity.disagreement``).
+        """
         ref = self._procs.get(pid)
+        claimed = Identity() if request is None else request.claimed
         if ref is not None and (start is None or ref.start == start) and _running(ref):
+            if claimed != Identity() and self._who[pid][0] != claimed:
+                self._who[pid] = (claimed, claimed.disagreement(pid, Identity.from_proc(pid)))
             return
         if ref is not None:
             ref.close()
         new = ProcessRef.open(pid, start) if pid > 0 and owner_uid(pid) == os.geteuid() else None
         self._procs[pid] = new
+        if new is None:  # never signalled: neither its environment nor a claim (any line can name it) is read
+            self._who[pid] = (Identity(), "")
+        else:
+            environ = Identity.from_proc(pid)
+            self._who[pid] = (
+                (claimed, claimed.disagreement(pid, environ)) if claimed != Identity() else (environ or Identity(), "")
+            )
 
     def clear_timers(self, worker_pids: set[int]) -> None:
         """Drop every timer of ``worker_pids`` and of processes no longer running."""
@@ -419,9 +512,14 @@ class FileTimerServer:
         gone = {pid for pid in pids if pid in worker_pids or not self.is_process_running(pid)}
         for key in [key for key in self._timers if key[0] in gone]:
             del self._timers[key]
-        armed = {pid for pid, _ in self._timers}
+            self._armed.pop(key, None)
+        armed = {pid for pid, _ in self._timers} | self._held()  # a worker being judged keeps its handle
         for pid in [p for p in self._procs if p not in armed]:
-            ref = self._procs.pop(pid)
+            ref = self._procs[pid]
+            if ref is not None and _running(ref):
+                continue  # between two regions: its stack file must outlive them, for its next hang
+            del self._procs[pid]
+            self._who.pop(pid, None)
             if ref is not None:
                 ref.close()
                 _remove_stack(stack_path(self._file_path, pid, ref.start))
@@ -436,53 +534,186 @@ class FileTimerServer:
 
     def _reap_expired(self) -> None:
         now = time.time()
-        expired = self.get_expired_timers(now)
+        held = self._held()
+        expired = {pid: timers for pid, timers in self.get_expired_timers(now).items() if pid not in held}
         reaped: set[int] = set()
         if expired:
             plans = {pid: _earliest_signal(timers) for pid, timers in expired.items()}
             for timers in expired.values():
                 for timer in sorted(timers, key=lambda t: t.expiration_time):
                     self._emit("timer expired", timer)
-            self._dumps = self._begin_dumps([pid for pid, (sig, _) in plans.items() if sig > 0])
             for pid, (sig, timer) in plans.items():
-                reaped.add(pid)
                 if sig <= 0:
+                    reaped.add(pid)
                     logger.info(
                         "watchdog: pid %d overran %r; its signal is %d: not reaped (log only)", pid, timer.scope_id, sig
                     )
-                    continue
-                if self._reap_worker(pid, sig):
-                    if self._signalled.pop(pid, False):
-                        self._emit("kill worker process", timer)
-                else:
-                    reaped.discard(pid)
-            self._dumps, self._signalled = {}, {}
+            alone = self._gather([pid for pid, (sig, _) in plans.items() if sig > 0], now, held)
+            dumps = self._begin_dumps(alone)
+            reaped |= self._signal_now(
+                {pid: plans[pid] for pid in alone}, {p: _Facts(d, noticed=now) for p, d in dumps.items()}
+            )
+        reaped |= self._advance_batches()
         # Exited workers' timers are swept every 0.1 s at most (a procfs read per worker), reaped ones at once,
         # and always in run_once()'s last pass (as torch's every pass): a request read just after a sweep
         # (here the thread woke on the first of two lines) must not outlive run_once().
         if reaped or self._run_once or time.monotonic() - self._swept_at >= min(_SWEEP_EVERY, self._max_interval):
             self.clear_timers(reaped)
 
-    def _begin_dumps(self, pids: list[int]) -> dict[int, tuple[str, _dump.Dump]]:
-        """Ask every worker that installed the dump handler for its stack at once, and wait for every dump.
+    def _signal_now(self, plans: dict[int, tuple[int, FileTimerRequest]], facts: dict[int, _Facts]) -> set[int]:
+        """Reap each worker of ``plans`` ((signal, timer) by pid), reporting ``facts``; the pids done with."""
+        reaped: set[int] = set()
+        for pid, (sig, timer) in plans.items():
+            self._facts[pid] = facts.get(pid, _Facts())
+            if self._reap_worker(pid, sig):
+                reaped.add(pid)
+                if self._signalled.pop(pid, False):
+                    self._emit("kill worker process", timer)
+        self._facts, self._signalled = {}, {}
+        return reaped
 
-        pid -> (stack file, dump): the dump is complete, or says why not (``_dump.wait``).
+    # -- workers of one job that expire together --------------------------------------------------------------
+
+    def _held(self) -> set[int]:
+        """The pids being judged in a batch: not reaped on their own meanwhile."""
+        return {pid for batch in self._batches for pid in batch.pids}
+
+    def _world(self, pid: int) -> int | None:
+        return self._who.get(pid, (Identity(), ""))[0].world_size
+
+    def _gather(self, due: list[int], now: float, held: set[int]) -> list[int]:
+        """Start a batch for each job whose expired workers (``due``) have company; the pids to reap alone now.
+
+        Company: other workers of the job that expired too, or whose nearest deadline falls within
+        ``group_window`` (the batch waits for it). Without a window, or in run_once()'s last pass, none.
         """
+        if self._group_window <= 0 or self._run_once or not due:
+            return due
+        nearest: dict[int, float] = {}
+        for (pid, _), request in self._timers.items():
+            if pid not in held and pid not in due and request.signal > 0:
+                nearest[pid] = min(nearest.get(pid, math.inf), request.expiration_time)
+        until = now + self._group_window
+        alone = []
+        for batch in gather(due, list(nearest), until, world=self._world, deadline=nearest.__getitem__):
+            if len(batch) == 1:
+                alone.extend(batch)
+                continue
+            latest = max((nearest[pid] for pid in batch if pid in nearest), default=now)
+            self._batches.append(_Batch(batch, set(due) & set(batch), now, min(latest, until) + _SETTLE))
+        return alone
+
+    def _next_step(self) -> float:
+        """Seconds until a batch is due to be judged or to have its victims signalled (inf: no batch)."""
+        steps = [
+            b.judge_at - time.time() if b.hold_until is None else b.hold_until - time.monotonic() for b in self._batches
+        ]
+        return min(steps, default=math.inf)
+
+    def _advance_batches(self) -> set[int]:
+        """Judge the batches whose wait is over, signal the victims whose hold is over; the pids reaped."""
+        reaped: set[int] = set()
+        for batch in list(self._batches):
+            if batch.hold_until is None and (self._run_once or time.time() >= batch.judge_at):
+                reaped |= self._judge(batch)
+            if batch.hold_until is not None and (self._run_once or time.monotonic() >= batch.hold_until):
+                self._batches.remove(batch)
+                reaped |= self._signal_victims(batch)
+        return reaped
+
+    def _judge(self, batch: _Batch) -> set[int]:
+        """Dump every member still expired, judge them, signal the culprits; the victims wait for the hold."""
+        now = time.time()
+        expired = self.get_expired_timers(now)
+        plans = {}
+        for pid in batch.pids:
+            sig, timer = _earliest_signal(expired[pid]) if pid in expired else (0, None)
+            if sig > 0 and timer is not None:
+                plans[pid] = (sig, timer)
+                if pid not in batch.announced:
+                    for late in sorted(expired[pid], key=lambda t: t.expiration_time):
+                        self._emit("timer expired", late)
+        batch.hold_until = time.monotonic()
+        dumps = self._begin_dumps(list(plans))
+        facts = {pid: _Facts(dumps[pid], noticed=batch.seen if pid in batch.announced else now) for pid in plans}
+        if len(plans) <= 1:  # the others left their regions in time: the lone path, no judgement
+            return self._signal_now(plans, facts)
+        members = []
+        for pid, (_, timer) in plans.items():
+            armed_at, thread = self._armed.get((pid, timer.scope_id), (0.0, None))
+            identity, mismatch = self._who.get(pid, (Identity(), ""))
+            text, why = dumps[pid][1].text, dumps[pid][1].why
+            members.append(
+                assess(pid, identity, armed_at=armed_at, stack=text, thread=thread, no_stack=why, mismatch=mismatch)
+            )
+        verdict = judge(members, hold=self._victim_hold)
+        self._sink.emit(verdict_event(self._file_path, verdict, scope=next(iter(plans.values()))[1].scope_id))
+        for member in (*verdict.culprits, *verdict.victims):
+            facts[member.pid].role, facts[member.pid].note = role_and_note(verdict, member, self._victim_hold)
+        if verdict.culprits:  # the victims wait for the hold; those still armed after it are signalled then
+            for member in verdict.victims:
+                sig, timer = plans.pop(member.pid)
+                ref = self._procs.get(member.pid)
+                batch.victims.append(
+                    _Victim(member.pid, sig, timer, None if ref is None else ref.start, facts[member.pid])
+                )
+            batch.hold_until = time.monotonic() + self._victim_hold
+        return self._signal_now(plans, facts)
+
+    def _signal_victims(self, batch: _Batch) -> set[int]:
+        """After the hold: signal each victim still in the region it was judged in; report the others."""
+        plans = {}
+        for v in batch.victims:
+            now = self._timers.get((v.pid, v.timer.scope_id))
+            if now is not None and now.expiration_time == v.timer.expiration_time:
+                plans[v.pid] = (v.sig, v.timer)
+                continue
+            ref = self._procs.get(v.pid)
+            gone = ref is None or ref.start != v.start or not _running(ref)
+            self._facts[v.pid] = v.facts
+            left = "it exited during the hold" if gone else "it released its timer during the hold"
+            self._report(v.pid, "exited" if gone else "released", (), f"{left} (not signalled)", timer=v.timer)
+        return self._signal_now(plans, {v.pid: v.facts for v in batch.victims})
+
+    # -- dumps and signals ------------------------------------------------------------------------------------
+
+    def _begin_dumps(self, pids: list[int]) -> dict[int, Dumped]:
+        """Ask every worker of ``pids`` that installed the dump handler for its stack at once; wait for all.
+
+        pid -> (stack file, dump) for every pid: the dump is complete, or says why not (``_dump.wait``);
+        a worker that was not asked has no file and the reason (no handler, dumps off, gone).
+        """
+        dumps: dict[int, Dumped] = {}
         asked: dict[int, tuple[str, _dump.Request]] = {}
-        if self._dump_timeout <= 0:
-            return {}
         bit = 1 << (DUMP_SIGNAL - 1)
         for pid in pids:
             ref = self._procs.get(pid)
-            if ref is None or not caught_signals(pid) & bit:
-                continue  # no handler: the dump signal's default action would kill it
-            path = stack_path(self._file_path, pid, ref.start)
-            request = _dump.prepare(pid, ref.start, DUMP_SIGNAL, path)
-            if not isinstance(request, str) and ref.send(DUMP_SIGNAL):
-                ref.send(_signal.SIGCONT)
-                asked[pid] = (path, request)
-        dumps = _dump.wait([request for _, request in asked.values()], self._dump_timeout)
-        return {pid: (path, dump) for (pid, (path, _)), dump in zip(asked.items(), dumps, strict=True)}
+            if ref is None:  # never signalled, nor asked for a dump: its event says why
+                dumps[pid] = (None, _dump.Dump(None))
+                continue
+            if self._dump_timeout <= 0:
+                why = "stack dumps are off (dump_timeout 0)"
+            elif not caught_signals(pid) & bit:  # no handler: the dump signal's default action would kill it
+                why = (
+                    f"the worker has no handler for the dump signal {signal_name(DUMP_SIGNAL)} (torch's "
+                    "FileTimerClient installs none; distinit.watchdog.elastic's does unless dump_stacks=False), "
+                    "so none was sent"
+                )
+            else:
+                path = stack_path(self._file_path, pid, ref.start)
+                request = _dump.prepare(pid, ref.start, DUMP_SIGNAL, path)
+                if isinstance(request, str):
+                    why = request
+                elif not ref.send(DUMP_SIGNAL):
+                    why = "the worker had exited before its dump was asked"
+                else:
+                    ref.send(_signal.SIGCONT)
+                    asked[pid] = (path, request)
+                    continue
+            dumps[pid] = (None, _dump.Dump(None, why))
+        taken = _dump.wait([request for _, request in asked.values()], self._dump_timeout)
+        dumps.update({pid: (path, dump) for (pid, (path, _)), dump in zip(asked.items(), taken, strict=True)})
+        return dumps
 
     def _reap_worker(self, worker_pid: int, signal: int) -> bool:
         """Send ``signal`` to the worker that acquired the timer, after its stack dump; True when done with it.
@@ -491,13 +722,8 @@ class FileTimerServer:
         pid ≤ 1 or another user's process: those are logged and their timers dropped (True).
         """
         ref = self._procs.get(worker_pid)
-        scopes = sorted(s for p, s in self._timers if p == worker_pid)
-        overdue = min((r.expiration_time for (p, _), r in self._timers.items() if p == worker_pid), default=time.time())
-        dump = self._dumps.pop(worker_pid, None)
-        stack = None if dump is None else dump[1].text
         outcome: Outcome = "refused"
-        signals: list[str] = []
-        detail = ""
+        signals: tuple[str, ...] = ()
         if ref is None:
             detail = (
                 f"pid {worker_pid} was not signalled: when its timer was acquired it was not a live process of "
@@ -514,30 +740,58 @@ class FileTimerServer:
                     f"{ref.start}) is gone and its pid now names another process (start time {now_start})"
                 )
         elif ref.send(signal):
-            outcome, signals = "killed", [signal_name(signal)]
+            outcome, signals = "killed", (signal_name(signal),)
             self._signalled[worker_pid] = True
             detail = f"sent the requested {signal_name(signal)} (its effect is not waited for, as torch)"
         else:
             outcome, detail = "exited", "the worker exited before the signal"
-        if dump is not None and dump[1].why:
-            detail += f"; {'stack dump incomplete' if stack else 'no stack dump'}: {dump[1].why}"
+        self._report(worker_pid, outcome, signals, detail)
+        return True
+
+    def _report(
+        self,
+        pid: int,
+        outcome: Outcome,
+        signals: tuple[str, ...],
+        detail: str,
+        *,
+        timer: FileTimerRequest | None = None,
+    ) -> None:
+        """Emit the ``watchdog.expired`` event of ``pid``: who it is, its dump, its role when judged, ``detail``.
+
+        The scopes and deadline are those of its timers now, or of ``timer`` (one it no longer holds).
+        """
+        ref = self._procs.get(pid)
+        if timer is None:
+            scopes = sorted(s for p, s in self._timers if p == pid)
+            overdue = min((r.expiration_time for (p, _), r in self._timers.items() if p == pid), default=time.time())
+        else:
+            scopes, overdue = [timer.scope_id], timer.expiration_time
+        facts = self._facts.pop(pid, _Facts())
+        path, dump = facts.dump
+        identity = self._who.get(pid, (Identity(), ""))[0]
+        if dump.why:
+            detail += f"; {'stack dump incomplete' if dump.text else 'no stack dump'}: {dump.why}"
         self._sink.emit(
             WatchdogEvent(
                 event="watchdog.expired",
                 path=self._file_path,
-                pid=worker_pid,
+                pid=pid,
                 start_time=ref.start if ref is not None else None,
                 uid=os.geteuid(),
+                rank=identity.rank,
+                local_rank=identity.local_rank,
+                world_size=identity.world_size,
+                role=facts.role,
                 scope=", ".join(scopes)[:MAX_SCOPE_CHARS],
-                overshoot_s=round(max(0.0, time.time() - overdue), 6),
-                stack_file=dump[0] if dump is not None else None,
-                stack=stack,
-                signals=tuple(signals),
+                overshoot_s=round(max(0.0, (facts.noticed or time.time()) - overdue), 6),
+                stack_file=path if dump.text and path is not None and _dump.file_size(path) > 0 else None,
+                stack=dump.text,
+                signals=signals,
                 outcome=outcome,
-                detail=f"run {self._run_id!r}: {detail}",
+                detail=" ".join(part for part in (f"run {self._run_id!r}:", facts.note, detail) if part),
             )
         )
-        return True
 
     # -- reporting --------------------------------------------------------------------------------------------
 
@@ -565,6 +819,44 @@ class FileTimerServer:
             )
 
 
+@dataclass
+class _Facts:
+    """What is reported of a worker reaped: its dump, its role and the decision when judged, when it was seen."""
+
+    dump: Dumped = (None, _dump.Dump(None))
+    role: Role | None = None
+    note: str = ""
+    noticed: float | None = None  # epoch seconds: when its expiry was seen (None: now)
+
+
+@dataclass
+class _Victim:
+    """A worker judged a victim: its signal, the timer it was judged on, its start time, and its facts."""
+
+    pid: int
+    sig: int
+    timer: FileTimerRequest
+    start: int | None
+    facts: _Facts
+
+
+@dataclass
+class _Batch:
+    """Workers of one job whose timers expire together (``pids``; ``announced``: expired when it formed).
+
+    ``seen`` is when the first expiry was seen (epoch seconds). Judged once the clock passes ``judge_at``
+    (the last member's deadline, at most the window after the first expiry); its victims are signalled at
+    ``hold_until`` (monotonic; None: not judged yet).
+    """
+
+    pids: list[int]
+    announced: set[int]
+    seen: float
+    judge_at: float
+    hold_until: float | None = None
+    victims: list[_Victim] = field(default_factory=list)
+
+
 def _earliest_signal(timers: list[FileTimerRequest]) -> tuple[int, FileTimerRequest]:
     """The signal torch picks: the signal of the earliest expired timer that has one (> 0), else 0 (log only)."""
     ordered = sorted(timers, key=lambda t: t.expiration_time)
@@ -584,9 +876,10 @@ def _running(ref: ProcessRef) -> bool:
 
 
 def _remove_stack(path: str) -> None:
+    """Remove a worker's empty stack file; one holding a dump is kept: the event that reported it names it."""
     with contextlib.suppress(OSError):
         st = os.lstat(path)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size == 0:
             os.unlink(path)
 
 

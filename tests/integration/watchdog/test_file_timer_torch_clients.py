@@ -78,6 +78,7 @@ def test_a_hung_worker_dies_of_its_signal_at_its_deadline(
     assert event["overshoot_s"] < MAX_INTERVAL / 2  # noticed at the deadline, not at the interval's end
     if kind == "distinit":  # the drop-in client installs the dump handler: the stack comes first
         assert 'ft_worker.py", line' in event["stack"]
+        assert os.path.exists(event["stack_file"])  # kept: the event (and the log line) names it
     else:  # an unchanged torch client has no handler: the dump signal would kill it, so none is sent
         assert event["stack"] is None
     assert server._watchdog_thread is not None and server._watchdog_thread.is_alive()
@@ -428,3 +429,30 @@ def test_a_client_shared_by_threads_waits_for_room_in_a_full_fifo(server: FileTi
         child.join(10)
         pytest.fail(f"the worker (pid {child.pid}) did not finish 4800 requests in 60 s")
     assert child.exitcode == 0, "a thread's request failed: the FIFO was full and the client gave up"
+
+
+def test_a_worker_idle_between_regions_keeps_its_stack_file_for_its_next_hang(
+    server: FileTimerServer, workers: Workers, fifo: str, events_file: Path
+) -> None:
+    # The drop-in worker ends one region, stays idle while the server sweeps its released timers, then hangs:
+    # the server must still ask it for its stack (the sweep once removed a live worker's stack file with its
+    # process handle, and the hang was reaped with "no stack").
+    proc = workers.track(
+        subprocess.Popen(
+            [sys.executable, FT_WORKER, "distinit", fifo, "0.3"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "FT_WORKER_WARMUP": "1", "FT_WORKER_GATE": "1"},
+        )
+    )
+    assert read_json_line(proc, 90)["gate"]
+    released = time.monotonic()
+    wait_for(lambda: (server._swept_at > released and not server._timers) or None, 30, "a sweep after the release")
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert read_json_line(proc, 30)["ready"]
+    event = wait_for(expired_for(events_file, proc.pid), 30, "the expired event")
+    assert event["outcome"] == "killed", event
+    assert 'ft_worker.py", line' in (event["stack"] or ""), event["detail"]

@@ -72,7 +72,27 @@ def test_daemon_stops_cleanly_on_sigterm(workers: Workers, wd_dir: Path, events_
     daemon.send_signal(signal.SIGTERM)
     assert daemon.wait(15) == 0
     assert not (wd_dir / "sock").exists()
+    assert not wd_dir.exists()  # it created the directory, left it empty, and removed it
     assert [e["event"] for e in read_events(events_file)] == ["watchdog.started", "watchdog.stopped"]
+
+
+def test_a_directory_the_server_did_not_create_or_left_in_use_is_kept(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.mkdir(mode=0o700)
+    users.chmod(0o700)
+    WatchdogServer(str(users)).start().stop()
+    assert users.is_dir()  # the user's own directory: never removed, even empty
+    made = tmp_path / "made"
+    server = WatchdogServer(str(made)).start()
+    (made / "left.stack").write_text("a dump an event names")
+    server.stop()
+    assert (made / "left.stack").exists()  # not empty: kept
+    replaced = tmp_path / "replaced"
+    server = WatchdogServer(str(replaced)).start()
+    os.rename(replaced, tmp_path / "moved")
+    replaced.mkdir(mode=0o700)  # another directory under the name: not the one the server made
+    server.stop()
+    assert replaced.is_dir()
 
 
 def test_second_server_on_one_path_is_refused(make_server: Callable[..., WatchdogServer], wd_dir: Path) -> None:

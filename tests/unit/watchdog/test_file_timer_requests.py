@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from distinit.errors import WatchdogError
-from distinit.watchdog._timer_server import FileTimerServer, make_fifo, parse_request
+from distinit.watchdog._timer_server import FileTimerServer, _Request, make_fifo, parse_request
 from distinit.watchdog.elastic import FileTimerClient, FileTimerRequest
 
 
@@ -159,3 +159,21 @@ def test_an_escaped_scope_never_equals_a_literal_one() -> None:
     assert isinstance(literal, FileTimerRequest) and isinstance(accented, FileTimerRequest)
     assert literal.scope_id != accented.scope_id
     assert parse_request(_line(scope_id="step-3")).scope_id == "step-3"  # plain scopes are kept as they are
+
+
+@pytest.mark.parametrize(
+    ("extra", "thread", "ranks"),
+    [
+        pytest.param({}, None, (None, None, None), id="torch-client"),
+        pytest.param({"thread": 140001, "rank": 3, "local_rank": 1, "world_size": 4}, 140001, (3, 1, 4), id="all"),
+        pytest.param({"thread": -1, "rank": "3", "world_size": True}, None, (None, None, None), id="malformed"),
+        pytest.param({"thread": 2**64, "rank": 2**40}, None, (None, None, None), id="out-of-range"),
+    ],
+)
+def test_what_a_client_may_add_is_kept_and_malformed_additions_are_unknown(
+    extra: dict[str, object], thread: int | None, ranks: tuple[int | None, ...]
+) -> None:
+    parsed = parse_request(_line(**extra))
+    assert isinstance(parsed, _Request)
+    assert parsed.thread == thread
+    assert (parsed.claimed.rank, parsed.claimed.local_rank, parsed.claimed.world_size) == ranks

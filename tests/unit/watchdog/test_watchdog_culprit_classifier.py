@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from distinit.watchdog._culprit import Finding, Member, classify, judge, thread_frames
-from distinit.watchdog._enforce import gather
+from distinit.watchdog._batch import gather, role_and_note
+from distinit.watchdog._culprit import Finding, Member, assess, classify, judge, thread_frames
 from distinit.watchdog._protocol import Identity
 
 # Captured from the DDP test (tests/integration/watchdog/test_watchdog_culprit.py; torch 2.13, Python 3.11):
@@ -216,10 +216,11 @@ def _worker(world: int | None) -> Any:
 def test_gather_batches_a_job_and_leaves_a_lone_expiry_alone() -> None:
     a, b, c, other_job = _worker(4), _worker(4), _worker(4), _worker(2)
     # a expired; b's deadline is within the window, c's is not; other_job's is, but it is another job.
-    batches = gather([(a, 0, 10.0)], [(b, None, 10.5), (c, None, 12.0), (other_job, None, 10.1)], until=11.0)
+    keys: dict[str, Any] = {"world": lambda m: m[0].identity.world_size, "deadline": lambda m: m[2]}
+    batches = gather([(a, 0, 10.0)], [(b, None, 10.5), (c, None, 12.0), (other_job, None, 10.1)], 11.0, **keys)
     assert batches == [[(a, 0, 10.0), (b, None, 10.5)]]
-    assert gather([(a, 0, 10.0)], [(c, None, 12.0)], until=11.0) == [[(a, 0, 10.0)]]  # alone: killed at once
-    two_jobs = gather([(a, 1, 10.0), (other_job, 2, 10.0)], [], until=11.0)
+    assert gather([(a, 0, 10.0)], [(c, None, 12.0)], 11.0, **keys) == [[(a, 0, 10.0)]]  # alone: killed at once
+    two_jobs = gather([(a, 1, 10.0), (other_job, 2, 10.0)], [], 11.0, **keys)
     assert two_jobs == [[(a, 1, 10.0)], [(other_job, 2, 10.0)]]
 
 
@@ -321,3 +322,49 @@ def test_the_environment_is_read_from_proc() -> None:
 
     assert isinstance(Identity.from_proc(os.getpid()), Identity)  # this process's environment at exec
     assert Identity.from_proc(2**22 + 1) is None  # no such process
+
+
+def test_without_any_stack_no_culprit_and_no_victim_is_named() -> None:
+    # A wrong name is worse than none: with no stack, nobody is said to run its own code or to wait.
+    members = [
+        Member(
+            pid=1000 + r,
+            identity=Identity(rank=r, world_size=2),
+            armed_at=1.0,
+            finding=Finding("unknown"),
+            no_stack="no handler for the dump signal",
+        )
+        for r in (0, 1)
+    ]
+    verdict = judge(members, hold=1.0)
+    assert verdict.culprits == () and verdict.likely is None
+    assert "none with a readable stack (no handler for the dump signal)" in verdict.summary
+    assert "no single culprit is named" in verdict.summary
+    assert "blocked" not in verdict.summary and "own code" not in verdict.summary
+    assert role_and_note(verdict, members[0], 1.0) == (
+        None,
+        "role unknown (no readable stack: no handler for the dump signal); no culprit named, killed with the others:",
+    )
+
+
+def test_a_victim_without_a_stack_is_not_said_to_be_blocked() -> None:
+    culprit = _member(1, "own_code", 1.0, world=2)
+    unread = Member(pid=1000, identity=Identity(rank=0, world_size=2), armed_at=1.0, finding=Finding("unknown"))
+    verdict = judge([unread, culprit], hold=1.0)
+    assert verdict.likely is culprit
+    assert "victims RANK 0 (pid 1000) with no readable stack; killing the culprit first" in verdict.summary
+    assert "blocked" not in verdict.summary
+
+
+def test_assess_reads_a_single_thread_dump_and_names_what_is_missing() -> None:
+    one = assess(7, Identity(rank=1), armed_at=2.0, stack=REAL_CULPRIT, thread=None)
+    assert (one.finding.activity, one.no_stack) == ("own_code", "")
+    two_threads = REAL_CULPRIT + REAL_VICTIM.replace("Current thread", "Thread")
+    unknown = assess(7, Identity(), armed_at=2.0, stack=two_threads, thread=None)
+    assert unknown.finding.activity == "unknown"
+    assert unknown.no_stack == "the dump shows several threads and nothing says which one armed the region"
+    assert assess(7, Identity(), armed_at=2.0, stack=two_threads, thread=0x99).no_stack.startswith(
+        "the dump shows no frames of thread 0x99"
+    )
+    gone = assess(7, Identity(), armed_at=2.0, stack=None, thread=None, no_stack="the worker had exited")
+    assert (gone.finding.activity, gone.no_stack) == ("unknown", "the worker had exited")
