@@ -16,6 +16,7 @@ Every policy is pure apart from an injected clock or random source, so tests dri
 
 from __future__ import annotations
 
+import errno
 import math
 import random
 import time
@@ -335,8 +336,8 @@ def loss_bound(environ: Mapping[str, str]) -> float | None:
 #
 # * ``serving``  -- a TCPStore answered (a rank 0 restarted within the window): the attempts go on;
 # * ``network``  -- the name, the route or the connect failed: the attempts go on and name it (their graces);
-# * ``absent``   -- nothing listens (refused), or a listener dropped the connection or answered foreign bytes:
-#   no store is served there;
+# * ``absent``   -- nothing listens (refused), or a listener dropped the connection (as it was made or
+#   later) or answered foreign bytes: no store is served there;
 # * ``unclear``  -- a listener took the connection and said nothing within the handshake bound (a frozen host,
 #   or a dying one whose listener is still open), or another socket error.
 #
@@ -359,6 +360,8 @@ def store_sign(kind: ProbeKind, detail: str) -> StoreSign:
         return "unclear" if "did not answer" in detail else "absent"
     if kind in ("dns", "unreachable", "timeout"):
         return "network"
+    if kind == "error" and f"[Errno {errno.ECONNRESET}]" in detail:
+        return "absent"  # reset as the connection was made: a listener that took it and dropped it (no store)
     return "unclear"
 
 

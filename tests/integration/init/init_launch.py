@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: How long a rank's interpreter may take to start and import torch before its own bounds count.
+START_BOUND = 120.0
+
+
 @dataclass
 class Rank:
     proc: subprocess.Popen[bytes]
@@ -58,6 +63,13 @@ class Rank:
     name: str
 
     def result(self, timeout: float) -> dict[str, Any]:
+        """The rank's result, ``timeout`` s at most from when it reached its code (``.started``: after its
+        interpreter imported torch, which alone takes tens of seconds on a loaded machine; that wait is
+        bounded by :data:`START_BOUND`)."""
+        started = Path(str(self.out) + ".started")
+        end = time.monotonic() + START_BOUND
+        while not started.exists() and self.proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.02)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

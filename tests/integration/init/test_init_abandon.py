@@ -43,7 +43,7 @@ def test_infinite_and_huge_durations_form_the_world(launcher: Launcher, port: in
     assert "OverflowError" not in res0["log"] + res1["log"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # two interpreter start-ups beside the burners, each bounded below
 @pytest.mark.parametrize("load", ["quiet", "beside-burners"])
 def test_ctrl_c_during_the_wait_abandons_the_rendezvous(
     launcher: Launcher, port: int, load: str, request: pytest.FixtureRequest
@@ -57,6 +57,9 @@ def test_ctrl_c_during_the_wait_abandons_the_rendezvous(
     peer_started = str(launcher.tmp_path / f"{late_name}.json.started")
     kwargs = {"deadline": 60, "attempt_timeout": 10, "backoff": BACKOFF}
     master = launcher.start(0, 2, port, kwargs=kwargs, mode="interrupted", extra={"peer_started": peer_started})
+    # Rank 0's interpreter imports torch first (tens of seconds beside the burners on a loaded machine): wait
+    # for it to reach init, then for its store (the probe's own 30 s cover hosting the store, not imports).
+    _wait_for_file(str(master.out) + ".started", 120)
     probe = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=30))
     probe.wait(["distinit/job/0/c1/g0/claim/0"], timedelta(seconds=30))  # rank 0 joined and waits for rank 1
     del probe

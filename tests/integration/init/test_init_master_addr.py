@@ -11,6 +11,8 @@ import sys
 import pytest
 from init_launch import Launcher
 
+from distinit.init._thread import OVERRUN_GRACE
+
 KWARGS = {"deadline": 60, "attempt_timeout": 10}
 
 
@@ -88,6 +90,6 @@ def test_dns_typo_gives_one_short_readable_error_per_rank(port: int) -> None:
         if rank == 0:  # rank 0 resolved it itself: the foreign cause is kept on the error
             assert "CAUSE gaierror" in out, out
         # setup()'s own time, from its call (not the interpreter's start and torch's import, which take
-        # seconds more on a loaded machine): the 4 s deadline holds, with 1 s for the error's making.
+        # seconds more on a loaded machine): the 4 s deadline holds, within the documented overrun grace.
         elapsed = float(out.split("ELAPSED ")[1].split()[0])
-        assert elapsed < 4 + 1, (rank, elapsed)
+        assert elapsed < 4 + OVERRUN_GRACE, (rank, elapsed)
