@@ -28,12 +28,13 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed import HashStore
 
+from distinit._foreign import first_line
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
 from distinit.init import _loopback
 from distinit.init._attempt import Rendezvous
 from distinit.init._form import choose_backend, claim_of, device_plan, settle
-from distinit.init._heartbeat import Liveness, peer_closed
+from distinit.init._liveness import Liveness, consequence, peer_closed
 from distinit.init._policy import AttemptFailed, Backoff, Bounds
 from distinit.init._report import AttemptRecord, InitReport
 from distinit.init._thread import OVERRUN_GRACE, PROCESS, check_no_leftover
@@ -283,42 +284,74 @@ def _alone(
 
 
 def _watch(world_size: int) -> Liveness | None:
-    """Keep the ranks' liveness after setup() (see :class:`~._heartbeat.Liveness`) on the group's store."""
+    """Keep the ranks' liveness after setup() (see :class:`~._liveness.Liveness`) on the group's store."""
     default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
     if world_size < 2 or default_store is None or not dist.is_initialized():
         return None
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     return Liveness.started(
-        dist.PrefixStore("distinit", default_store()), rank=dist.get_rank(), world_size=world_size, environ=os.environ
+        dist.PrefixStore("distinit", default_store()),
+        rank=dist.get_rank(),
+        world_size=world_size,
+        environ=os.environ,
+        master=(addr, int(port)) if addr and port.isdigit() else None,
     )
 
 
-def _name_the_lost(liveness: Liveness) -> None:
-    """The process ends on an uncaught collective error from a peer that went away: name the peer (bounded)."""
-    failed = getattr(sys, "last_value", None)
-    if not peer_closed(failed):
-        return
-    found: list[str | None] = []
+def _bounded_lost(liveness: Liveness) -> str:
+    """:meth:`Liveness.lost` in a thread, bounded: a store call that never returns cannot hold the exit."""
+    found: list[str] = []
     thread = threading.Thread(target=lambda: found.append(liveness.lost(LOST_BOUND)), name="distinit-lost", daemon=True)
     thread.start()
     thread.join(LOST_BOUND + 1.0)
-    logger.warning(
-        "rank %d: the collective failed because a peer went away: %s",
-        liveness.rank,
-        found[0] if found and found[0] else f"no rank could be named within {LOST_BOUND:.0f} s",
-        extra={"distinit": {"event": "init.peer_closed", "rank": liveness.rank}},
-    )
+    if found:
+        return found[0]
+    return f"unknown: the store did not answer within {LOST_BOUND:.0f} s (its host, rank 0, may be frozen)"
+
+
+def _name_the_lost(liveness: Liveness) -> None:
+    """The process ends on an uncaught exception: record why, and name who stopped first when it was a peer.
+
+    A collective that failed on a peer (or timed out waiting for one) is a consequence: this rank records so
+    (others never name it), then says which rank stopped first. Any other exception is this rank's own
+    failure: recorded with its type and first line, so the others can name it. Rank 0 then stays up until
+    the ranks still running read the finding from the store it hosts (bounded).
+    """
+    failed = getattr(sys, "last_value", None)
+    if failed is None or isinstance(failed, KeyboardInterrupt):
+        return
+    if consequence(failed):
+        liveness.record_exit("peer", first_line(failed))
+        logger.warning(
+            "rank %d: the collective failed because a peer went away: %s",
+            liveness.rank,
+            _bounded_lost(liveness),
+            extra={"distinit": {"event": "init.peer_closed", "rank": liveness.rank}},
+        )
+    else:
+        liveness.record_exit("error", f"{type(failed).__name__}: {first_line(failed)}")
+        if liveness.rank != 0:
+            return
+        logger.warning(
+            "rank 0: leaving on its own error; the store it hosts stays up until the others know why: %s",
+            _bounded_lost(liveness),
+            extra={"distinit": {"event": "init.own_failure", "rank": 0}},
+        )
     if liveness.rank == 0:
         liveness.linger(LOST_BOUND)  # the others read the finding from the store rank 0 hosts
 
 
 def lost_peer(exc: BaseException) -> str | None:
-    """Who went away, when ``exc`` is a collective that failed because a peer did (bounded by :data:`LOST_BOUND`).
+    """Who stopped first, when ``exc`` is a collective that failed because a peer went away (bounded).
 
-    None when ``exc`` is another failure or :func:`setup` does not watch the ranks (it did not form the group).
+    The words name the rank, or say "unknown" with the facts. None when ``exc`` is another failure or
+    :func:`setup` does not watch the ranks (it did not form the group). This rank is recorded as a
+    consequence first, so no other rank names it.
     """
     liveness = PROCESS.liveness
     if not isinstance(liveness, Liveness) or not peer_closed(exc):
         return None
+    liveness.record_exit("peer", first_line(exc))
     return liveness.lost(LOST_BOUND)
 
 
@@ -327,7 +360,7 @@ def teardown() -> None:
 
     At interpreter exit after an uncaught collective error from a peer that went away (gloo's "Connection
     closed by peer", NCCL's remote errors), it first logs a WARNING naming the rank, host and pid that went
-    away and when it last beat (:class:`~._heartbeat.Liveness`).
+    away and when it last beat (:class:`~._liveness.Liveness`).
     """
     PROCESS.setup = None
     liveness, PROCESS.liveness = PROCESS.liveness, None

@@ -14,25 +14,20 @@ deadline.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import re
-import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import torch.distributed as dist
 from torch.distributed import Store
 
-from distinit._board import Board, text
 from distinit._duration import wait_bound
 from distinit._net import ProbeResult, probe
 from distinit.errors import RankLostError, RendezvousError
 from distinit.init import _messages
-from distinit.init._policy import BEAT, STALE, Pace, StoreSign, judge_store_host, loss_bound, store_sign
+from distinit.init._policy import BEAT, STALE, StoreSign, judge_store_host, store_sign
 from distinit.init._store import Master
 
 logger = logging.getLogger("distinit.init")
@@ -185,224 +180,6 @@ def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
                 fix="stop the program writing to MASTER_PORT's store, or pick another port for this job.",
             )
         known.extend(int(value) for value in values)
-
-
-#: The last beat of a rank whose watch stopped on purpose (teardown(), or its group destroyed).
-BYE = "bye"
-
-#: What a failed collective says when a peer went away (gloo's and NCCL's wordings; matched, never parsed).
-PEER_CLOSED = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|ncclRemoteError|remote process exited"
-    r"|NCCL communicator was aborted",
-    re.IGNORECASE,
-)
-
-
-def peer_closed(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is a collective that failed because a peer went away (gloo or NCCL)."""
-    return isinstance(exc, (RuntimeError, dist.DistError)) and PEER_CLOSED.search(str(exc)) is not None
-
-
-class Liveness:
-    """After :func:`distinit.setup`: who every rank is (host, pid) and when it last beat, cheap to consult.
-
-    One daemon thread per rank writes ``who/<rank>`` (``host|pid``) once and ``beat/<rank>`` every
-    ``pace.beat`` s on the group's own store (keys under the default group's prefix, so a new group starts
-    clean). Rank 0 reads every rank's beat in one ``multi_get`` per beat and the others read rank 0's, so
-    the store serves about 2 operations per rank per beat (the join's own pace, :class:`~._pace.Pace`);
-    a watched rank silent for ``pace.stale`` s is logged at WARNING, naming its rank, host, pid and last
-    beat, even while this rank is blocked in a collective that will never complete. When a collective
-    fails because a peer went away, :meth:`lost` names it: a dead pid on this host at once, else the
-    ranks whose beat stops advancing within two beats, else (the store itself gone) rank 0. A non-zero
-    rank reads rank 0's ``who`` once, so it can name rank 0 after its store is gone.
-    """
-
-    def __init__(self, store: Store, *, rank: int, world_size: int, beat: float, stale: float) -> None:
-        self.store, self.rank, self.world_size = store, rank, world_size
-        self._beat_every, self._stale = beat, stale
-        self.host, self.pid = socket.gethostname(), os.getpid()
-        self._who: dict[int, str] = {}  # rank -> "host|pid", as read
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._seq = 0
-
-    @property
-    def _board(self) -> Board:
-        """The ``lost`` key: who went away, published by the first rank that knew (built on use: no store kept)."""
-        return Board(self.store, "lost", rank=self.rank, world_size=self.world_size)
-
-    @classmethod
-    def started(cls, store: Store, *, rank: int, world_size: int, environ: Mapping[str, str]) -> Liveness:
-        """A started watch at the join's pace for ``world_size`` (and the loss bound ``environ`` sets)."""
-        pace = Pace.for_world(world_size, loss_bound=loss_bound(environ))
-        liveness = cls(store, rank=rank, world_size=world_size, beat=pace.beat, stale=pace.stale)
-        liveness.start()
-        return liveness
-
-    def start(self) -> None:
-        """Start the thread (its first act writes who this rank is)."""
-        self._thread = threading.Thread(target=self._run, name=f"distinit-liveness-rank{self.rank}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop beating and watching (before the group and its store are destroyed).
-
-        The thread's last act is a ``bye`` beat, so watchers know this rank left on purpose: a rank that
-        finished and called ``teardown()`` is no "stopped" warning on a rank 0 that is still saving a
-        checkpoint. Written by the thread, the join below bounds what a dead store can cost at exit.
-        """
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(wait_bound(0.5))
-        self.store = None  # type: ignore[assignment]  # let go of the store (rank 0: its server)
-
-    def _run(self) -> None:
-        try:
-            self.store.set(f"who/{self.rank}", f"{self.host}|{self.pid}")
-            seen: dict[int, tuple[bytes, float]] = {}
-            warned: set[int] = set()
-            while True:
-                if self.rank != 0 and 0 not in self._who and self.store.check(["who/0"]):
-                    self._who[0] = text(self.store.get("who/0"))
-                self._seq += 1
-                self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}")
-                watched = [r for r in (range(self.world_size) if self.rank == 0 else (0,)) if r != self.rank]
-                for silent in self._silent(watched, seen, self._stale):
-                    if silent.rank not in warned:
-                        warned.add(silent.rank)
-                        self._warn(silent)
-                if self._stop.wait(self._beat_every) or not dist.is_initialized():
-                    # stopped, or the group was destroyed without teardown(): say so, then let go of its store
-                    self.store.set(f"beat/{self.rank}", BYE)
-                    return
-        except (dist.DistError, RuntimeError, OSError, ValueError, AttributeError) as exc:
-            # The store went away (or was let go of by stop()): nothing left to watch.
-            if not self._stop.is_set():
-                logger.debug("rank %d: liveness watch stopped: %s", self.rank, exc)
-        finally:
-            if not dist.is_initialized():
-                self.store = None  # type: ignore[assignment]  # the group is gone: free its store (rank 0: the server)
-
-    def _silent(self, ranks: list[int], seen: dict[int, tuple[bytes, float]], stale: float) -> list[Silent]:
-        """The ``ranks`` whose beat has not changed for ``stale`` s as seen here (``seen`` is updated)."""
-        present = [r for r in ranks if r in seen]
-        if len(present) < len(ranks):
-            present = self._present(ranks, "beat")
-        if not present:
-            return []
-        values = self.store.multi_get([f"beat/{r}" for r in present])
-        now, out = time.monotonic(), []
-        for rank, value in zip(present, values, strict=True):
-            if value == BYE.encode():  # left on purpose (teardown): never silent, never lost
-                seen.pop(rank, None)
-                continue
-            before = seen.get(rank)
-            if before is None or before[0] != value:
-                seen[rank] = (value, now)
-            elif now - before[1] >= stale:
-                out.append(Silent(rank, silent_for=now - before[1], last_wall=_wall(value)))
-        return out
-
-    def _present(self, ranks: list[int], name: str) -> list[int]:
-        """The ``ranks`` whose ``<name>/<rank>`` key exists: one round trip when all do, else one per rank."""
-        if not ranks or self.store.check([f"{name}/{r}" for r in ranks]):
-            return ranks
-        return [r for r in ranks if self.store.check([f"{name}/{r}"])]
-
-    def describe(self, rank: int) -> str:
-        """``rank 1 (host gpu-b, pid 902)``, from ``who/<rank>`` (read once), or just ``rank 1``."""
-        who = self._who.get(rank)
-        if who is None:
-            with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
-                if self.store.check([f"who/{rank}"]):
-                    who = self._who[rank] = text(self.store.get(f"who/{rank}"))
-        if who is None:
-            return f"rank {rank}"
-        host, _, pid = who.partition("|")
-        return f"rank {rank} (host {host}, pid {pid})"
-
-    def _warn(self, silent: Silent) -> None:
-        logger.warning(
-            "rank %d: %s stopped: no heartbeat for %.1f s (last seen %s); a collective with it will fail or hang",
-            self.rank,
-            self.describe(silent.rank),
-            silent.silent_for,
-            silent.last_seen(),
-            extra={"distinit": {"event": "init.peer_lost", "rank": self.rank, "lost_rank": silent.rank}},
-        )
-
-    def lost(self, bound: float) -> str | None:
-        """Who went away, in words (rank, host, pid, last seen), the same on every rank; within ``bound`` s.
-
-        A rank on this host whose pid is gone is certain at once and is published on the store (first
-        finder wins, so every rank words it alike); the others take the published finding, or name the
-        ranks whose beat stops advancing within two beats; if the store itself fails, its host, rank 0.
-        None when nothing was found in time.
-        """
-        end = time.monotonic() + bound
-        try:
-            keys = [f"who/{r}" for r in range(self.world_size)]
-            present = self._present([r for r in range(self.world_size) if r != self.rank], "who")
-            values = self.store.multi_get([keys[r] for r in present]) if present else []
-            self._who.update((r, text(value)) for r, value in zip(present, values, strict=True))
-            dead = sorted(r for r, who in self._who.items() if _gone_here(who, self.host))
-            if dead:
-                beats = self.store.multi_get([f"beat/{r}" for r in dead])
-                found = "; ".join(
-                    f"{self.describe(r)}: its process is gone (seen by rank {self.rank}; last heartbeat "
-                    f"{Silent(r, silent_for=0.0, last_wall=_wall(beat)).last_seen()})"
-                    for r, beat in zip(dead, beats, strict=True)
-                )
-                return self._board.publish(found) or found
-            seen: dict[int, tuple[bytes, float]] = {}
-            peers = [r for r in range(self.world_size) if r != self.rank]
-            self._silent(peers, seen, 0.0)
-            quiet_end = time.monotonic() + 2 * self._beat_every + 0.5
-            while time.monotonic() < end:
-                published = self._board.read()
-                if published is not None:
-                    return published
-                silent = self._silent(peers, seen, 2 * self._beat_every)
-                if silent or time.monotonic() >= quiet_end:
-                    return (
-                        "; ".join(f"{self.describe(s.rank)}: no heartbeat since {s.last_seen()}" for s in silent)
-                        or None
-                    )
-                time.sleep(min(0.1, self._beat_every))
-            return None
-        except (dist.DistError, RuntimeError, OSError, AttributeError):  # AttributeError: the store was let go of
-            return f"{self.describe(0)}: the store it hosts stopped answering (its process is gone or frozen)"
-        finally:
-            with contextlib.suppress(dist.DistError, RuntimeError, OSError):
-                self._board.acknowledge()
-
-    def linger(self, bound: float) -> None:
-        """Rank 0 (the store host): stay up until the other ranks consulted :meth:`lost`, or ``bound`` s.
-
-        Leaves once the count stops growing for a second (the lost ranks never consult).
-        """
-        self._board.linger(bound=bound, settled=lambda seen: True)
-
-
-def _wall(beat: bytes) -> float | None:
-    """The wall clock of a ``seq|wall`` beat value, if it is one."""
-    wall = beat.decode(errors="replace").partition("|")[2]
-    return float(wall) if wall.replace(".", "", 1).isdigit() else None
-
-
-def _gone_here(who: str, host: str) -> bool:
-    """``host|pid`` names a process of this host that no longer exists."""
-    where, _, pid = who.partition("|")
-    if where != host or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 # --- host_lost: The store host (rank 0) died after this rank joined: say so in seconds instead of "missing ranks [0]"

@@ -1,13 +1,16 @@
 """A rank that calls setup(), says it is ready, waits for the test's go, then all_reduces until something fails.
 
 argv: a JSON spec (``dir``: the test's tmp dir; ``hold``: "spin" to hold the GIL in a thread after setup;
-``mode``: "finish" for a normal end, rank 0 working ``work`` s longer than the others).
+``mode``: "finish" for a normal end, rank 0 working ``work`` s longer than the others; ``raise``: rank
+``raiser`` raises ValueError after the go). Each rank writes what distinit logs about who went away to
+``finding<rank>.json`` (the message and its time).
 Uncaught errors end the process as a user's script would (traceback, atexit teardown).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -19,9 +22,32 @@ import torch.distributed as dist
 import distinit
 
 
+class _Findings(logging.Handler):
+    """Writes each finding distinit logs at exit (who went away) to ``finding<rank>.json``, with its time."""
+
+    def __init__(self, where: Path) -> None:
+        super().__init__()
+        self.where = where
+
+    def emit(self, record: logging.LogRecord) -> None:
+        info = getattr(record, "distinit", {})
+        if info.get("event") in ("init.peer_closed", "init.own_failure"):
+            line = {"rank": info["rank"], "at": record.created, "message": record.getMessage()}
+            (self.where / f"finding{info['rank']}.json").write_text(json.dumps(line))
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     where = Path(spec["dir"])
+    log = logging.getLogger("distinit")
+    log.addHandler(_Findings(where))
+    debug = logging.FileHandler(where / f"debug{os.environ['RANK']}.log")  # what a failed test shows
+    debug.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
+    log.addHandler(debug)
+    shown = logging.StreamHandler()  # warnings on stderr, as without handlers (logging's last resort)
+    shown.setLevel(logging.WARNING)
+    log.addHandler(shown)
+    log.setLevel(logging.DEBUG)
     result = distinit.setup("gloo", deadline=60, attempt_timeout=30)
     rank = result.env.rank
     (where / f"ready{rank}").write_text(str(os.getpid()))
@@ -40,6 +66,10 @@ def main() -> None:
             raise SystemExit("no go from the test within 180 s")
         time.sleep(0.02)
     tensor = torch.ones(1)
+    (where / f"looping{rank}").touch()
+    if spec.get("mode") == "raise" and rank == spec["raiser"]:
+        dist.all_reduce(tensor)  # one collective together first, so the others are in the next one
+        raise ValueError("a bug in rank's own code")
     while time.monotonic() < end:
         dist.all_reduce(tensor)
     raise SystemExit("no collective failed within 180 s")

@@ -16,7 +16,7 @@ from distinit.errors import (
     WorldSizeMismatchError,
 )
 from distinit.init import _messages
-from distinit.init._heartbeat import peer_closed
+from distinit.init._liveness import peer_closed
 
 
 def test_duplicate_rank_names_both_claimants() -> None:

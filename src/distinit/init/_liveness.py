@@ -1,0 +1,527 @@
+"""After setup(): which rank stopped first when a collective fails because a peer went away, or "unknown".
+
+A collective that fails with gloo's "Connection closed by peer" (or NCCL's remote errors) says that *some*
+peer went away, not which one, and every survivor sees it at its own time: the neighbours of the dead rank
+at once, the others only when a neighbour exits in turn (then the dead rank is two hops away), and when rank
+0 leaves, its store goes with it. So the order in which survivors notice says nothing; distinit judges from
+facts recorded while they happen:
+
+* the liveness beats (``beat/<rank>``: ``seq|wall``, every ``pace.beat`` s from a daemon thread), so a rank
+  whose beat stops for two beats stopped (died, froze or lost the network); ``bye`` is a rank that left
+  through ``teardown()``;
+* each rank's exit record (``exit/<rank>``: ``kind|wall|detail``), written at exit by ``teardown()`` before
+  its last beat: ``peer`` -- it leaves because a collective failed on a peer (a consequence, never a culprit);
+  ``error`` -- it leaves on an exception of its own (type and first line);
+* on this host, whether a rank's pid is still a live process (a zombie is gone).
+
+:func:`judge` (pure) names the culprit: the one rank that stopped without being a consequence, or the first of
+several when its stop precedes the next by more than one beat and the margin; otherwise it says "unknown" and
+lists the facts. The first rank to judge publishes the finding on the ``lost`` board (first writer wins), so
+every rank words it alike. Rank 0 hosts the store and may be a consequence too, so before it leaves, every
+live rank learns the finding without reading the store in its failing main thread: rank 0's beat carries a
+``|lost`` mark once the board holds a finding, the other ranks' liveness threads (which read rank 0's beat
+every beat) then read and cache it, and rank 0 stays up until they acknowledged it or a few beats passed.
+A rank whose store is gone and that has no cached finding judges rank 0 from its own probes: gone (same host:
+its pid; else its port refuses connections) without a finding means it stopped first, unless a launcher that
+stops a failed worker's siblings (torchrun) may have stopped it: then "unknown".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+import torch.distributed as dist
+from torch.distributed import Store
+
+from distinit._board import Board, text
+from distinit._duration import wait_bound
+from distinit._net import probe
+from distinit.errors import RankLostError
+from distinit.init._policy import Pace, loss_bound, store_sign
+
+logger = logging.getLogger("distinit.init")
+
+#: The last beat of a rank whose watch stopped on purpose (teardown(), or its group destroyed).
+BYE = "bye"
+#: How long a rank other than 0 waits for rank 0's ``who`` as setup() returns.
+WHO_WAIT = 5.0
+#: Appended to rank 0's beat once the ``lost`` board holds a finding: the other ranks read and cache it.
+MARK = "|lost"
+
+#: What a failed collective says when a peer went away (gloo's and NCCL's wordings; matched, never parsed).
+PEER_CLOSED = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ncclRemoteError|remote process exited"
+    r"|NCCL communicator was aborted",
+    re.IGNORECASE,
+)
+#: A collective that timed out waiting for a peer: a consequence of a rank that stopped or hangs.
+COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting|timed out after|Watchdog caught collective operation timeout")
+
+
+def peer_closed(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a collective that failed because a peer went away (gloo or NCCL)."""
+    return isinstance(exc, (RuntimeError, dist.DistError)) and PEER_CLOSED.search(str(exc)) is not None
+
+
+def consequence(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception in its chain) is a failure caused by another rank, not by this one.
+
+    A collective whose peer went away or that timed out waiting for one, and distinit's own ``RankLostError``
+    (raised after such a collective names the lost rank, e.g. by the Lightning settings exchange).
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RankLostError) or peer_closed(exc):
+            return True
+        if isinstance(exc, (RuntimeError, dist.DistError)) and COLLECTIVE_TIMEOUT.search(str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def clock_text(wall: float | None) -> str:
+    """``17:12:03.25 UTC`` (a rank's own clock), or ``unknown``."""
+    if wall is None:
+        return "unknown"
+    return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-4] + " UTC"
+
+
+# --- facts: what one rank is known to have done, and the judgement over all of them ---------------------
+ExitKind = Literal["peer", "error"]
+State = Literal["beating", "silent", "gone", "bye"]
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """Why a rank left, written by the rank itself at exit (``kind|wall|detail``)."""
+
+    kind: ExitKind
+    wall: float
+    detail: str
+
+    def encode(self) -> str:
+        return f"{self.kind}|{self.wall:.3f}|{self.detail[:300]}"
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> ExitRecord | None:
+        """The record in a store value, or None when it is not one (never raises)."""
+        kind, _, rest = text(value).partition("|")
+        wall, _, detail = rest.partition("|")
+        try:
+            when = float(wall)
+        except ValueError:
+            return None
+        if kind == "peer":
+            return cls("peer", when, detail)
+        if kind == "error":
+            return cls("error", when, detail)
+        return None
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """One peer as this rank sees it: ``who`` (``rank 1 (host h, pid 9)``), its beat, its exit record."""
+
+    rank: int
+    who: str
+    state: State
+    last_wall: float | None  # its own clock at its last beat (None: never read)
+    record: ExitRecord | None = None
+
+    @property
+    def stopped_at(self) -> float | None:
+        """When it stopped, by its own clock: its exit record's time, else its last beat."""
+        return self.record.wall if self.record is not None else self.last_wall
+
+    def how(self) -> str:
+        """How it ended, in words (never a guess beyond the facts)."""
+        if self.record is not None and self.record.kind == "error":
+            return f"it raised {self.record.detail}"
+        if self.state == "gone":
+            return "its process is gone (killed or crashed: it left no exit record)"
+        if self.state == "bye":
+            return "it left without an error (teardown() or a normal exit) while the others were in a collective"
+        if self.state == "silent":
+            return "no heartbeat since then and no exit record (killed, crashed, frozen or cut off)"
+        return "it is still beating"
+
+    def fact(self) -> str:
+        if self.last_wall is None and self.record is not None:  # its last beat was its goodbye
+            return f"{self.who}: {self.how()}; it left at {clock_text(self.record.wall)}"
+        return f"{self.who}: {self.how()}; last heartbeat {clock_text(self.last_wall)}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The judgement: the culprit's rank (None: unknown) and the words every rank prints."""
+
+    culprit: int | None
+    text: str
+
+
+def judge(facts: Sequence[RankFacts], *, margin: float) -> Finding:
+    """Which rank stopped first, from ``facts`` about every peer (pure).
+
+    A rank stopped when its beat stopped, it said bye, its pid is gone, or it left an error record; one whose
+    record says a collective failed on a peer (``peer``) is a consequence, never the culprit. One such rank
+    is the culprit; of several, the first only when it stopped more than ``margin`` s (a beat, plus clock
+    skew) before the next; else "unknown" with the facts. Ranks still beating are never named.
+    """
+    consequences = [f for f in facts if f.record is not None and f.record.kind == "peer"]
+    stopped = [
+        f
+        for f in facts
+        if f not in consequences and (f.state != "beating" or (f.record is not None and f.record.kind == "error"))
+    ]
+    after = _after(consequences)
+    if not stopped:
+        return Finding(
+            None,
+            "unknown: no rank stopped beating or left a record of its own failure (a rank whose main thread hangs "
+            f"still beats; see the other ranks' logs){after}",
+        )
+    order = sorted(stopped, key=lambda f: (f.stopped_at is None, f.stopped_at or 0.0, f.rank))
+    first = order[0]
+    if len(order) == 1:
+        return Finding(first.rank, f"{first.fact()}{after}")
+    second = order[1]
+    if first.stopped_at is not None and second.stopped_at is not None and second.stopped_at - first.stopped_at > margin:
+        later = "; ".join(f.fact() for f in order[1:])
+        return Finding(first.rank, f"{first.fact()}. It stopped first; later: {later}{after}")
+    return Finding(
+        None,
+        f"unknown: {len(order)} ranks stopped within {margin:.1f} s of each other, so which was first is not "
+        f"known: {'; '.join(f.fact() for f in order)}{after}",
+    )
+
+
+def _after(consequences: Sequence[RankFacts]) -> str:
+    if not consequences:
+        return ""
+    ranks = ", ".join(str(f.rank) for f in sorted(consequences, key=lambda f: f.rank))
+    return f"; consequences (left because a collective failed on a peer): rank {ranks}"
+
+
+# --- the watch itself ----------------------------------------------------------------------------------
+class Liveness:
+    """After :func:`distinit.setup`: who every rank is (host, pid) and when it last beat, cheap to consult.
+
+    One daemon thread per rank writes ``who/<rank>`` (``host|pid``) once and ``beat/<rank>`` every
+    ``pace.beat`` s on the group's own store (keys under the default group's prefix, so a new group starts
+    clean). Rank 0 reads every rank's beat in one ``multi_get`` per beat and the others read rank 0's, so
+    the store serves about 2 operations per rank per beat; a watched rank silent for ``pace.stale`` s is
+    logged at WARNING, naming its rank, host, pid and last beat, even while this rank is blocked in a
+    collective that will never complete. When a collective fails because a peer went away, :meth:`lost` says
+    which rank stopped first (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rank: int,
+        world_size: int,
+        beat: float,
+        stale: float,
+        master: tuple[str, int] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self._beat_every, self._stale = beat, stale
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.master = master
+        self._siblings_stopped = "TORCHELASTIC_RUN_ID" in (os.environ if environ is None else environ)
+        self._who: dict[int, str] = {}  # rank -> "host|pid", as read
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self.finding: str | None = None  # the published finding, once this rank has read it
+        self.alive: set[int] = set()  # rank 0: the ranks still beating when it judged (they acknowledge)
+
+    @property
+    def _board(self) -> Board:
+        """The ``lost`` key: who went away, published by the first rank that judged (built on use: no store kept)."""
+        return Board(self.store, "lost", rank=self.rank, world_size=self.world_size)
+
+    @property
+    def window(self) -> float:
+        """How long a peer's beat must stay unchanged before it counts as stopped: two beats and half a second."""
+        return 2 * self._beat_every + 0.5
+
+    @classmethod
+    def started(
+        cls, store: Store, *, rank: int, world_size: int, environ: Mapping[str, str], master: tuple[str, int] | None
+    ) -> Liveness:
+        """A started watch at the join's pace for ``world_size`` (and the loss bound ``environ`` sets)."""
+        pace = Pace.for_world(world_size, loss_bound=loss_bound(environ))
+        liveness = cls(
+            store, rank=rank, world_size=world_size, beat=pace.beat, stale=pace.stale, master=master, environ=environ
+        )
+        liveness.introduce()
+        liveness.start()
+        return liveness
+
+    def introduce(self, timeout: float = WHO_WAIT) -> None:
+        """Write ``who/<rank>``; a rank other than 0 also reads rank 0's (waiting at most ``timeout`` s).
+
+        Done before setup() returns (rank 0 writes its own at the same moment, the ranks having just passed
+        the verifying collective together): a rank killed right after setup() returns is named with its host
+        and pid, and rank 0 is named by host and pid even when its store dies with it.
+        """
+        try:
+            self.store.set(f"who/{self.rank}", f"{self.host}|{self.pid}")
+            if self.rank != 0:
+                self.store.wait(["who/0"], timedelta(seconds=timeout))
+                self._who[0] = text(self.store.get("who/0"))
+        except (dist.DistError, RuntimeError, OSError) as exc:
+            logger.debug("rank %d: rank 0's host and pid not read: %s", self.rank, exc)
+
+    def start(self) -> None:
+        """Start the thread (its first act writes who this rank is)."""
+        self._thread = threading.Thread(target=self._run, name=f"distinit-liveness-rank{self.rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and watching (before the group and its store are destroyed).
+
+        The thread's last act is a ``bye`` beat, so watchers know this rank left on purpose: a rank that
+        finished and called ``teardown()`` is no "stopped" warning on a rank 0 that is still saving a
+        checkpoint. Written by the thread, the join below bounds what a dead store can cost at exit.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait_bound(0.5))
+        self.store = None  # type: ignore[assignment]  # let go of the store (rank 0: its server)
+
+    def _run(self) -> None:
+        try:
+            seen: dict[int, tuple[bytes, float]] = {}
+            warned: set[int] = set()
+            while True:
+                if self.rank != 0 and 0 not in self._who and self.store.check(["who/0"]):
+                    self._who[0] = text(self.store.get("who/0"))
+                if self.rank == 0 and self.finding is None:
+                    self.finding = self._board.read()
+                self._seq += 1
+                mark = MARK if self.rank == 0 and self.finding is not None else ""
+                self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}{mark}")
+                watched = [r for r in (range(self.world_size) if self.rank == 0 else (0,)) if r != self.rank]
+                for silent in self._silent(watched, seen, self._stale):
+                    if silent.rank not in warned:
+                        warned.add(silent.rank)
+                        self._warn(silent)
+                if self._stop.wait(self._beat_every) or not dist.is_initialized():
+                    # stopped, or the group was destroyed without teardown(): say so, then let go of its store
+                    self.store.set(f"beat/{self.rank}", BYE)
+                    return
+        except (dist.DistError, RuntimeError, OSError, ValueError, AttributeError) as exc:
+            # The store went away (or was let go of by stop()): nothing left to watch.
+            if not self._stop.is_set():
+                logger.debug("rank %d: liveness watch stopped: %s", self.rank, exc)
+        finally:
+            if not dist.is_initialized():
+                self.store = None  # type: ignore[assignment]  # the group is gone: free its store (rank 0: the server)
+
+    def _learn(self) -> None:
+        """Rank 0's beat carries the mark: read the finding once, keep it, and acknowledge it."""
+        if self.finding is None:
+            self.finding = self._board.read()
+            if self.finding is not None:
+                self._board.acknowledge()
+
+    def _silent(self, ranks: list[int], seen: dict[int, tuple[bytes, float]], stale: float) -> list[_Silent]:
+        """The ``ranks`` whose beat has not changed for ``stale`` s as seen here (``seen`` is updated)."""
+        present = [r for r in ranks if r in seen]
+        if len(present) < len(ranks):
+            present = self._present(ranks, "beat")
+        if not present:
+            return []
+        values = self.store.multi_get([f"beat/{r}" for r in present])
+        now, out = time.monotonic(), []
+        for rank, value in zip(present, values, strict=True):
+            if rank == 0 and self.rank != 0 and value.endswith(MARK.encode()):
+                self._learn()
+            if value == BYE.encode():  # left on purpose (teardown): never silent
+                seen.pop(rank, None)
+                continue
+            before = seen.get(rank)
+            if before is None or before[0] != value:
+                seen[rank] = (value, now)
+            elif now - before[1] >= stale:
+                out.append(_Silent(rank, now - before[1], _wall(value)))
+        return out
+
+    def _present(self, ranks: list[int], name: str) -> list[int]:
+        """The ``ranks`` whose ``<name>/<rank>`` key exists: one round trip when all do, else one per rank."""
+        if not ranks or self.store.check([f"{name}/{r}" for r in ranks]):
+            return ranks
+        return [r for r in ranks if self.store.check([f"{name}/{r}"])]
+
+    def describe(self, rank: int) -> str:
+        """``rank 1 (host gpu-b, pid 902)``, from ``who/<rank>`` (read once), or just ``rank 1``."""
+        who = self._who.get(rank)
+        if who is None:
+            with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
+                if self.store.check([f"who/{rank}"]):
+                    who = self._who[rank] = text(self.store.get(f"who/{rank}"))
+        if who is None:
+            return f"rank {rank}"
+        host, _, pid = who.partition("|")
+        return f"rank {rank} (host {host}, pid {pid})"
+
+    def _warn(self, silent: _Silent) -> None:
+        logger.warning(
+            "rank %d: %s stopped: no heartbeat for %.1f s (last seen %s); a collective with it will fail or hang",
+            self.rank,
+            self.describe(silent.rank),
+            silent.silent_for,
+            clock_text(silent.last_wall),
+            extra={"distinit": {"event": "init.peer_lost", "rank": self.rank, "lost_rank": silent.rank}},
+        )
+
+    def record_exit(self, kind: ExitKind, detail: str) -> None:
+        """Write this rank's exit record (before its last beat): why it leaves. A dead store is ignored."""
+        with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
+            self.store.set(f"exit/{self.rank}", ExitRecord(kind, time.time(), detail).encode())
+
+    def lost(self, bound: float) -> str:
+        """Which rank stopped first, in words, the same on every rank; within ``bound`` s (module docstring)."""
+        if self.finding is not None:
+            return self.finding
+        try:
+            published = self._board.read()
+            if published is None:
+                published = self._judge(time.monotonic() + bound)
+            self.finding = published
+            return published
+        except (dist.DistError, RuntimeError, OSError, AttributeError):  # AttributeError: the store was let go of
+            if self.finding is not None:  # learnt by the thread meanwhile
+                return self.finding
+            return self._store_gone()
+        finally:
+            with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
+                self._board.acknowledge()
+
+    def _judge(self, end: float) -> str:
+        """Watch every peer for :attr:`window` s (or until a finding is published), judge, publish."""
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        present = self._present(peers, "who")
+        values = self.store.multi_get([f"who/{r}" for r in present]) if present else []
+        self._who.update((r, text(value)) for r, value in zip(present, values, strict=True))
+        seen: dict[int, tuple[bytes, float]] = {}
+        self._silent(peers, seen, math.inf)  # the beats as they are now
+        quiet_end = min(end, time.monotonic() + self.window)
+        while time.monotonic() < quiet_end:
+            published = self._board.read()
+            if published is not None:
+                return published
+            time.sleep(min(0.1, self._beat_every))
+        silent = {s.rank: s for s in self._silent(peers, seen, 2 * self._beat_every)}
+        beating = self._present(peers, "beat")
+        beats = dict(zip(beating, self.store.multi_get([f"beat/{r}" for r in beating]), strict=True))
+        with_records = self._present(peers, "exit")
+        records = self.store.multi_get([f"exit/{r}" for r in with_records]) if with_records else []
+        exits = {r: ExitRecord.parse(v) for r, v in zip(with_records, records, strict=True)}
+        facts = []
+        for rank in peers:
+            beat = beats.get(rank)
+            state: State = "beating"
+            if beat == BYE.encode():
+                state = "bye"
+            elif rank in self._who and _gone_here(self._who[rank], self.host):
+                state = "gone"
+            elif rank in silent:
+                state = "silent"
+            last = silent[rank].last_wall if rank in silent else (_wall(beat) if beat is not None else None)
+            if last is None and rank in seen:
+                last = _wall(seen[rank][0])
+            facts.append(RankFacts(rank, self.describe(rank), state, last, exits.get(rank)))
+        finding = judge(facts, margin=self._beat_every + 0.5)
+        self.alive = {f.rank for f in facts if f.state == "beating"} | {self.rank}
+        return self._board.publish(finding.text) or finding.text
+
+    def _store_gone(self) -> str:
+        """This rank's store calls fail and it holds no finding: is rank 0, the store host, gone?"""
+        who = self.describe(0)
+        host_pid = self._who.get(0)
+        if host_pid is not None and host_pid.partition("|")[0] == self.host:
+            gone = _gone_here(host_pid, self.host)
+            evidence = "its process is gone" if gone else "its process is still running (frozen or busy?)"
+        else:
+            gone, evidence = self._port_refuses()
+        if not gone:
+            return (
+                f"unknown: {who} hosts the store, and the store stopped answering: {evidence}; no rank's finding "
+                "reached this rank"
+            )
+        if self._siblings_stopped:
+            return (
+                f"unknown: {who}, the store host, is gone ({evidence}) and left no finding; under torchrun its agent "
+                "stops every worker of its node when one fails, so rank 0 may have been stopped for another worker "
+                "(the agent's log names the first to fail)"
+            )
+        return f"{who}: the store host is gone ({evidence}) and left no finding or exit record: it stopped first"
+
+    def _port_refuses(self) -> tuple[bool, str]:
+        """Probe MASTER_ADDR:MASTER_PORT a few times (at most ~1.5 s): does nothing serve it any more?"""
+        if self.master is None:
+            return False, "MASTER_ADDR/MASTER_PORT unknown here, so it was not probed"
+        addr, port = self.master
+        signs = []
+        for _ in range(3):
+            result = probe(addr, port, 0.5, handshake_timeout=0.5)
+            signs.append((store_sign(result.kind, result.detail), result.detail))
+            if signs[-1][0] != "absent":
+                break
+            time.sleep(0.1)
+        sign, detail = signs[-1]
+        if sign == "absent":
+            return True, f"its port {addr}:{port} refuses connections: {detail}"
+        return False, f"a probe of {addr}:{port} says {sign}: {detail}"
+
+    def linger(self, bound: float) -> None:
+        """Rank 0 (the store host): stay up until the ranks still beating read the finding, or ``bound`` s."""
+        expected = len(self.alive) if self.alive else self.world_size
+        self._board.linger(bound=bound, settled=lambda seen: seen >= expected, quiet=0.0)
+
+
+class _Silent:
+    def __init__(self, rank: int, silent_for: float, last_wall: float | None) -> None:
+        self.rank, self.silent_for, self.last_wall = rank, silent_for, last_wall
+
+
+def _wall(beat: bytes) -> float | None:
+    """The wall clock of a ``seq|wall[|lost]`` beat value, if it is one."""
+    parts = beat.decode(errors="replace").split("|")
+    try:
+        return float(parts[1]) if len(parts) > 1 else None
+    except ValueError:
+        return None
+
+
+def _gone_here(who: str, host: str) -> bool:
+    """``host|pid`` names a process of this host that no longer exists (a zombie is gone: it runs no more)."""
+    where, _, pid = who.partition("|")
+    if where != host or not pid.isdigit():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")

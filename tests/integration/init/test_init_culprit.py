@@ -1,0 +1,129 @@
+"""After setup(): every survivor names the rank that stopped first, within 6 s, and never a live rank.
+
+World 4 on two emulated hosts (each rank in a UTS namespace of its own: ranks 0 and 1 on ``hosta``, 2 and 3 on
+``hostb``, so a rank sees the pids of its own host's ranks only, as on real machines). One rank is SIGKILLed
+right after setup() or while every rank loops all_reduce; the store host (rank 0), a rank beside it and a rank
+on the other host each take a turn. A rank that raises its own exception is named with it, and the ranks
+that leave because their collective failed are consequences, never the culprit. Real processes, real gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from init_launch import free_port
+
+WORKER = Path(__file__).with_name("_after_setup_worker.py")
+HOSTS = ("hosta", "hosta", "hostb", "hostb")
+WORLD = len(HOSTS)
+#: The issue's bound: the name comes within 6 s of the loss at world <= 64.
+NAMED_WITHIN = 6.0
+
+
+def _uts_available() -> str | None:
+    if os.geteuid() != 0:
+        return "emulating two hosts needs root (a UTS namespace per rank)"
+    if shutil.which("unshare") is None:
+        return "needs unshare(1) from util-linux"
+    probe = subprocess.run(["unshare", "--uts", "hostname", "probe"], capture_output=True, timeout=30)
+    return None if probe.returncode == 0 else f"unshare --uts failed: {probe.stderr.decode(errors='replace')}"
+
+
+_REASON = _uts_available()
+pytestmark = [pytest.mark.skipif(_REASON is not None, reason=_REASON or ""), pytest.mark.timeout(240)]
+
+
+def _start(rank: int, port: int, where: Path, **spec: object) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank % 2),
+        LOCAL_WORLD_SIZE="2",
+        NODE_RANK=str(rank // 2),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        OMP_NUM_THREADS="1",
+    )
+    command = [sys.executable, str(WORKER), json.dumps({"dir": str(where), **spec})]
+    # unshare without --fork execs the shell, which execs Python: the pid the test holds is the rank's.
+    uts = ["unshare", "--uts", "sh", "-c", f'hostname {HOSTS[rank]} && exec "$@"', "sh"]
+    with (where / f"rank{rank}.log").open("wb") as log:
+        return subprocess.Popen([*uts, *command], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_files(where: Path, name: str, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not all((where / f"{name}{r}").exists() for r in range(WORLD)):
+        assert time.monotonic() < end, [p.poll() for p in procs]
+        dead = [r for r, p in enumerate(procs) if p.poll() is not None]
+        assert not dead, [(where / f"rank{r}.log").read_text()[-3000:] for r in dead]
+        time.sleep(0.05)
+
+
+def _run(where: Path, *, victim: int | None, during: bool, **spec: object) -> tuple[float, list[int]]:
+    """Start the world, end ``victim`` (SIGKILL) or let ``spec`` make a rank raise; when it ended, the pids."""
+    port = free_port()
+    procs = [_start(r, port, where, **spec) for r in range(WORLD)]
+    try:
+        _wait_files(where, "ready", procs, 150)  # four interpreters import torch on a loaded 2-core machine
+        pids = [p.pid for p in procs]
+        if during:
+            (where / "go").touch()
+            _wait_files(where, "looping", procs, 60)
+        killed_at = time.time()
+        if victim is not None:
+            os.kill(procs[victim].pid, signal.SIGKILL)
+        (where / "go").touch()
+        for proc in procs:
+            proc.wait(timeout=90)
+        return killed_at, pids
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _findings(where: Path, ranks: list[int]) -> dict[int, dict[str, object]]:
+    logs = {r: (where / f"rank{r}.log").read_text()[-4000:] for r in range(WORLD)}
+    missing = [r for r in ranks if not (where / f"finding{r}.json").exists()]
+    assert not missing, (missing, logs)
+    return {r: json.loads((where / f"finding{r}.json").read_text()) for r in ranks}
+
+
+@pytest.mark.parametrize("during", [False, True], ids=["after-setup", "during-collective"])
+@pytest.mark.parametrize("victim", [0, 1, 3], ids=["store-host", "beside-it", "other-host"])
+def test_every_survivor_names_the_killed_rank_within_6_s(tmp_path: Path, victim: int, during: bool) -> None:
+    killed_at, pids = _run(tmp_path, victim=victim, during=during)
+    survivors = [r for r in range(WORLD) if r != victim]
+    findings = _findings(tmp_path, survivors)
+    messages = {str(f["message"]).partition("went away: ")[2] for f in findings.values()}
+    for rank, finding in findings.items():
+        message = str(finding["message"])
+        assert f"went away: rank {victim} (host {HOSTS[victim]}, pid {pids[victim]})" in message, (rank, message)
+        assert float(str(finding["at"])) - killed_at < NAMED_WITHIN, (rank, finding["at"], killed_at)
+        for alive in survivors:  # a live rank may appear only as a consequence
+            assert f"went away: rank {alive} " not in message, (rank, message)
+    # one finding, worded alike (the store host's, published), except where the store died with its host and
+    # every survivor judged alone: then each names rank 0 from what it saw itself
+    if victim != 0:
+        assert len(messages) == 1, messages
+
+
+def test_a_rank_that_raises_is_named_with_its_exception_and_the_others_as_consequences(tmp_path: Path) -> None:
+    _, pids = _run(tmp_path, victim=None, during=True, mode="raise", raiser=2)
+    findings = _findings(tmp_path, [0, 1, 3])
+    for rank, finding in findings.items():
+        message = str(finding["message"])
+        assert f"went away: rank 2 (host hostb, pid {pids[2]}): it raised ValueError: a bug" in message, (rank, message)
+        assert "unknown" not in message, message
