@@ -384,5 +384,6 @@ def _peer_failed(env: DistEnv, exc: BaseException) -> RankLostError:
         rank=env.rank,
         why="a rank ended (an exception, a kill, the launcher stopping it) or stalled after setup() and before "
         f"fit(); the comparison waits at most {AGREE_TIMEOUT:.0f} s.",
-        fix="read the log of the rank named above for why it ended, then start the job again.",
+        fix="read the log of the rank named above (when it is unknown: of the ranks listed) for why it ended, then "
+        "start the job again.",
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from datetime import timedelta
 from typing import Any
@@ -143,8 +144,22 @@ def setup_form(port: int | None) -> None:
     run_form("setup", DistinitEnvironment(env=world), world.local_world_size, world.num_nodes)
 
 
+def killed_form(victim: int) -> None:
+    """``setup()``, then rank ``victim`` SIGKILLs itself and the others fit: the plugin's settings exchange fails."""
+    world = distinit.setup("gloo", deadline=60, attempt_timeout=30).env
+    assert world.local_world_size is not None and world.num_nodes is not None, world
+    emit("killed-ready", rank=world.rank, pid=os.getpid())
+    dist.barrier()
+    if world.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    fit("killed-fit", DistinitEnvironment(env=world), world.local_world_size, world.num_nodes)
+
+
 def main() -> None:
     torch.set_num_threads(1)
+    if sys.argv[1] == "killed":
+        killed_form(int(sys.argv[2]))
+        return
     if sys.argv[1] == "wrong-node-rank":
         os.environ["NODE_RANK"] = "0"
         setup_form(None)

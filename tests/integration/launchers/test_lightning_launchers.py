@@ -12,6 +12,7 @@ node``, ``srun --distribution=cyclic``) train like block ones, as with Lightning
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -131,3 +132,24 @@ def test_a_wrong_node_rank_fails_the_same_on_every_rank(launch: Launcher) -> Non
     assert len(by_task) == shape.world_size, result.launcher_output
     message = check_refused(by_task, "setup-refused", "ConflictingEnvError", "2 hosts claim node rank 0")
     assert message
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_before_fit_is_named_by_every_survivor_in_the_settings_exchange(launch: Launcher) -> None:
+    """srun cyclic without -K1, setup() + DistinitEnvironment: rank 1 SIGKILLed after setup(); the plugin's
+    settings exchange fails on every other rank with RankLostError naming rank 1, never a live rank."""
+    cyclic = shapes.SHAPES_BY_NAME["slurm-cyclic"]
+    opts = ("-K0", "-N2", "-n4", "--ntasks-per-node=2", "--distribution=cyclic", "-w", "dnode[1-2]")
+    shape = dataclasses.replace(cyclic, name="slurm-cyclic-k0", build=shapes.srun(*opts))
+    result = launch(shape, [sys.executable, str(WORKER), "killed", "1"], timeout=240, allow_failure=True)
+    by_task = [steps(record) for record in result.records]
+    pids = {task["killed-ready"]["rank"]: task["killed-ready"]["pid"] for task in by_task if "killed-ready" in task}
+    assert sorted(pids) == [0, 1, 2, 3], result.launcher_output[-3000:]
+    survivors = [task for task in by_task if task["killed-ready"]["rank"] != 1]
+    for task in survivors:
+        line = task.get("killed-fit", {})
+        assert line.get("error") == "RankLostError", task
+        assert "rank 1 (host " in line["message"] and f"pid {pids[1]})" in line["message"], line["message"]
+        assert not line["ddp_init"], line
+        for alive in (0, 2, 3):
+            assert f": rank {alive} (host " not in line["message"], line["message"]

@@ -6,6 +6,7 @@ fallback, and no segment or file may be left behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -49,3 +50,34 @@ def test_shm_and_file_transports_under_the_launcher(name: str, launch: Launcher,
     assert {line["node_rank"] for line in lines} == {0, 1}  # two launcher nodes, verified by setup()
     assert list(shared.iterdir()) == []  # the file is removed once every rank has read it
     assert _segments() - before == set()  # and nothing is ever named in /dev/shm (a sealed memfd)
+
+
+CULPRIT_TASK = Path(__file__).with_name("culprit_task.py")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("victim", [0, 1], ids=["store-host", "beside-it"])
+def test_under_srun_every_survivor_names_the_rank_killed_after_setup(victim: int, launch: Launcher) -> None:
+    """srun -N2 -n4 (block) without -K1: one rank SIGKILLed after setup(); the others' all_reduce fails, and each
+    names it. (The shapes' -K1 would have srun end the step at once and say which task failed itself.)"""
+    block = shapes.SHAPES_BY_NAME["slurm-block"]
+    opts = ("-K0", "-N2", "-n4", "--ntasks-per-node=2", "-w", "dnode[1-2]")
+    shape = dataclasses.replace(block, name="slurm-block-k0", build=shapes.srun(*opts))
+    result = launch(shape, [sys.executable, str(CULPRIT_TASK), str(victim)], timeout=240, allow_failure=True)
+    lines = {}
+    for record in result.records:
+        for line in record.get("stdout", "").splitlines():
+            if line.startswith("{"):
+                parsed = json.loads(line)
+                lines[parsed["rank"]] = (parsed["pid"], record)
+    assert sorted(lines) == [0, 1, 2, 3], result.launcher_output[-3000:]
+    pid, killed = lines[victim]
+    assert killed["rc"] == -9, killed
+    for rank, (_, record) in lines.items():
+        if rank == victim:
+            continue
+        err = record.get("stderr", "")
+        found = [line for line in err.splitlines() if "the collective failed because a peer went away" in line]
+        assert found, (rank, err[-3000:])
+        assert f"went away: rank {victim} (host " in found[0] and f"pid {pid})" in found[0], (rank, found[0])
+        assert "unknown" not in found[0], found[0]
