@@ -24,12 +24,15 @@ def serve(
     group_window: float = 1.0,
     victim_hold: float = 2.0,
     torch_fifo: str | None = None,
+    workers_of: int | None = None,
 ) -> int:
     """Run a :class:`WatchdogServer` in this process until SIGTERM or SIGINT; returns the exit status (0).
 
     With ``torch_fifo``, a :class:`~distinit.watchdog.elastic.FileTimerServer` also serves torch's
     ``FileTimerClient`` (and distinit's drop-in) on that FIFO, for jobs that keep torch's timer API; its
-    workers are judged with the same ``group_window`` and ``victim_hold`` (culprit first). The watchdog
+    workers are judged with the same ``group_window`` and ``victim_hold`` (culprit first); it signals only
+    processes that hold the FIFO open, started with ``TORCHELASTIC_TIMER_FILE`` naming it, or descend from
+    ``workers_of`` (the launcher's pid). The watchdog
     directory is removed on return when this server created it and it is empty.
     Must be called from the main thread (it installs the signal handlers, and restores them on return).
 
@@ -64,6 +67,7 @@ def serve(
                     dump_timeout=server.ladder.dump_timeout if dump_stacks else 0.0,
                     group_window=group_window,
                     victim_hold=victim_hold,
+                    worker_parent=workers_of,
                 )
                 timers.start()
             try:
@@ -143,6 +147,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "$TORCHELASTIC_TIMER_FILE): the requested signal, after a stack dump when the worker allows it; workers "
         "that expire together are judged with --group-window and --victim-hold, culprit first",
     )
+    parser.add_argument(
+        "--workers-of",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="with --torch-fifo: the processes under this pid (e.g. torchrun's) are workers; without it a worker "
+        "must hold the FIFO open or have started with TORCHELASTIC_TIMER_FILE naming it (other pids are refused)",
+    )
 
 
 # The parsed ``serve`` options passed on to :func:`serve` by name (all but ``--path``).
@@ -155,6 +167,7 @@ _SERVE_OPTIONS = (
     "group_window",
     "victim_hold",
     "torch_fifo",
+    "workers_of",
 )
 
 

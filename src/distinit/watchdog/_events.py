@@ -24,6 +24,7 @@ EventName = Literal[
     "watchdog.expired",
     "watchdog.verdict",
     "watchdog.exited_armed",
+    "watchdog.fifo_replaced",
 ]
 #: ``refused``: the FileTimer drop-in did not signal the pid (reused, protected, or not this user's process).
 Outcome = Literal["killed", "exited", "unkillable", "released", "refused"]
@@ -106,6 +107,7 @@ _LEVELS: dict[str, int] = {
     "watchdog.expired": logging.ERROR,
     "watchdog.verdict": logging.ERROR,
     "watchdog.exited_armed": logging.INFO,
+    "watchdog.fifo_replaced": logging.WARNING,
 }
 
 

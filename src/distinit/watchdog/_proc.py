@@ -91,6 +91,64 @@ def maps_file(pid: int, dev: int, ino: int) -> bool:
     return False
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent's pid of process ``pid`` (procfs field 4), None if there is no such process."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None
+
+
+def ancestors(pid: int, *, limit: int = 256) -> list[int]:
+    """The pids above ``pid``, its parent first, up to (not including) pid 0; at most ``limit`` of them.
+
+    One ``/proc/<p>/stat`` read per level (a few microseconds each).
+    """
+    found: list[int] = []
+    current = parent_pid(pid)
+    while current is not None and current > 0 and len(found) < limit and current not in found:
+        found.append(current)
+        current = parent_pid(current)
+    return found
+
+
+#: The most bytes of ``/proc/<pid>/environ`` read (a larger environment is not looked into).
+MAX_ENVIRON_BYTES = 1 << 20
+
+
+def read_environ(pid: int) -> dict[str, str] | None:
+    """The environment process ``pid`` started with (``/proc/<pid>/environ``); None when unreadable or > 1 MiB.
+
+    Unreadable: another user's process, a non-dumpable one, or gone. Only what was there at exec is seen.
+    """
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read(MAX_ENVIRON_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > MAX_ENVIRON_BYTES:
+        return None
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode("ascii", "replace"): v.decode("ascii", "replace") for k, _, v in pairs}
+
+
+def holds_file(pid: int, files: set[tuple[int, int]], *, limit: int = 65536) -> bool:
+    """Whether process ``pid`` has one of ``files`` ((st_dev, st_ino) pairs) open (``/proc/<pid>/fd``).
+
+    One ``stat`` per open descriptor, at most ``limit`` descriptors looked at; False when unreadable.
+    """
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names[:limit]:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in files:
+            return True
+    return False
+
+
 def owner_uid(pid: int) -> int | None:
     """The real uid owning ``/proc/<pid>``, None if the process does not exist."""
     try:

@@ -8,6 +8,14 @@ FileTimer"):
 
 * it never signals its own process, its parent, pid ≤ 1, a negative pid (a process group) or a process of
   another user; torch sends the worker's signal to its own process after every reap;
+* it signals only a plausible worker of this job: a process that holds the FIFO open, that started with
+  ``TORCHELASTIC_TIMER_FILE`` naming the FIFO (or ``TORCHELASTIC_RUN_ID`` equal to ``run_id``), or that
+  descends from the server's process or ``worker_parent``; never an ancestor of the server. Others are
+  refused (decided once per process, at its first acquire); torch signals any pid a line names;
+* at most MAX_TIMERS_PER_PID timers per process (torch: no limit), so a flood naming one pid cannot crowd
+  out the others' timers; a dropped acquire is a ``watchdog.rejected`` event;
+* its FIFO replaced by something else (a regular file torch's clients would write into, or nothing) is
+  noticed within 0.1 s, reported once and recreated; a FIFO of another server is left to it;
 * a worker is the pid *and* the start time seen when its timer was acquired (``"start"`` in the request
   when the client sends it, else read from procfs on arrival), signalled through a pidfd: a reused pid is
   never signalled (torch checks ``os.kill(pid, 0)``);
@@ -48,7 +56,15 @@ from distinit.watchdog._batch import gather, role_and_note, verdict_event
 from distinit.watchdog._culprit import assess, judge
 from distinit.watchdog._events import EventSink, Outcome, Role, WatchdogEvent
 from distinit.watchdog._ladder import signal_name
-from distinit.watchdog._proc import ProcessRef, owner_uid, start_time, state
+from distinit.watchdog._proc import (
+    ProcessRef,
+    ancestors,
+    holds_file,
+    owner_uid,
+    read_environ,
+    start_time,
+    state,
+)
 from distinit.watchdog._protocol import Identity
 from distinit.watchdog._timer_client import (
     DUMP_SIGNAL,
@@ -61,8 +77,14 @@ from distinit.watchdog._timer_client import (
 
 logger = logging.getLogger("distinit.watchdog")
 
-#: The most timers held at once; acquires beyond it are dropped with a warning (a flooding client).
+#: The most timers held at once; acquires beyond it are dropped with a ``watchdog.rejected`` event.
 MAX_TIMERS = 65536
+#: The most timers (scopes) one process may hold at once: a flood naming one pid cannot crowd out the others.
+MAX_TIMERS_PER_PID = 64
+#: The most timers held for processes that will never be signalled (refused): kept only to report their expiry.
+MAX_REFUSED_TIMERS = 1024
+# The most watchdog.rejected events written per _WARN_EVERY seconds (the others are counted in the next one).
+_REJECTED_EVENTS = 20
 #: The longest scope id kept (longer ones are cut; lines are bounded by PIPE_BUF anyway).
 MAX_SCOPE_CHARS = 1024
 # The most bytes read from the FIFO in one pass, so a flooding writer cannot delay expiry checks.
@@ -226,10 +248,15 @@ class FileTimerServer:
             have a deadline within this many seconds, wait for them and judge them together, culprit first
             (as ``WatchdogServer``; 0: every expired worker is signalled at once, as torch's server does).
         victim_hold: seconds between signalling the culprit and signalling the victims still armed.
+        worker_parent: the pid of the workers' launcher: its descendants count as workers of this job. The
+            descendants of the server's own process always do (torch's agent hosts its server); other
+            workers must hold the FIFO open (distinit's client does) or have started with
+            ``TORCHELASTIC_TIMER_FILE`` naming the FIFO (torchrun passes it on) or ``TORCHELASTIC_RUN_ID``
+            equal to ``run_id``; any other pid a request names is refused, never signalled.
 
     Raises:
-        ValueError: ``max_interval`` is not a finite number > 0, or ``dump_timeout``, ``group_window`` or
-            ``victim_hold`` not a finite number >= 0.
+        ValueError: ``max_interval`` is not a finite number > 0, ``dump_timeout``, ``group_window`` or
+            ``victim_hold`` not a finite number >= 0, or ``worker_parent`` not the pid of a live process.
         WatchdogError: the FIFO or the events file is refused.
     """
 
@@ -245,6 +272,7 @@ class FileTimerServer:
         events: str | None = None,
         group_window: float = 1.0,
         victim_hold: float = 2.0,
+        worker_parent: int | None = None,
     ) -> None:
         if not (isinstance(max_interval, int | float) and math.isfinite(max_interval) and max_interval > 0):
             raise ValueError(f"max_interval must be a finite number of seconds > 0, got {max_interval!r}")
@@ -255,6 +283,12 @@ class FileTimerServer:
         ):
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        self._roots = [(os.getpid(), start_time(os.getpid()))]  # whose descendants are workers (pid, start)
+        if worker_parent is not None:
+            parent_start = start_time(worker_parent) if type(worker_parent) is int and worker_parent > 0 else None
+            if parent_start is None:
+                raise ValueError(f"worker_parent must be the pid of a live process, got {worker_parent!r}")
+            self._roots.append((worker_parent, parent_start))
         self._file_path = file_path
         self._run_id = run_id
         self._max_interval = float(max_interval)
@@ -282,12 +316,21 @@ class FileTimerServer:
         self._swept_at = 0.0
         self._facts: dict[int, _Facts] = {}  # what this pass reports of the workers it reaps, by pid
         self._signalled: dict[int, bool] = {}  # pids _reap_worker signalled in this pass
+        self._refused: dict[int, tuple[int | None, str]] = {}  # pid -> (its start time, why it is not signalled)
+        self._per_pid: dict[int, int] = {}  # pid -> how many timers it holds
+        self._refused_timers = 0  # timers held by refused pids
+        self._capped: set[int] = set()  # pids whose dropped acquire was reported (once until one is released)
+        self._events_window = (-math.inf, 0, 0)  # watchdog.rejected events: (window start, sent, suppressed)
+        self._fd_lock = threading.Lock()  # the FIFO's fds are swapped when it is recreated; _wake writes to one
+        self._fifo_checked_at = 0.0
+        self._path_seen: tuple[int, int] | None = None  # what stood at the path when last reported (0, 0: nothing)
         self._sink = EventSink(events)
         self._marker = -1  # the marker that tells distinit's clients this server reads the FIFO (held open)
         try:
             self._rfd, self._wfd = make_fifo(file_path, before_open=self._publish)
             st = os.fstat(self._rfd)
             self._fifo_id = (st.st_dev, st.st_ino)  # stop() removes this FIFO only, not a successor's
+            self._fifos = {self._fifo_id}  # every FIFO this server made: a worker holds one of them open
         except BaseException:
             if self._marker >= 0:
                 withdraw_marker(file_path, self._marker)
@@ -337,8 +380,9 @@ class FileTimerServer:
 
     def _wake(self) -> None:
         """End the loop's sleep now: an empty line through our own FIFO (skipped by the reader)."""
-        with contextlib.suppress(OSError):
-            os.write(self._wfd, b"\n")
+        with self._fd_lock, contextlib.suppress(OSError):
+            if self._wfd >= 0:
+                os.write(self._wfd, b"\n")
 
     def _publish(self, fifo: os.stat_result) -> None:
         """Publish the marker for the new FIFO; without one, distinit's clients act as torch's (no dumps)."""
@@ -354,10 +398,11 @@ class FileTimerServer:
             )
 
     def _close(self) -> None:
-        for fd in (self._rfd, self._wfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._rfd = self._wfd = -1
+        with self._fd_lock:
+            for fd in (self._rfd, self._wfd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._rfd = self._wfd = -1
         if self._marker >= 0:
             withdraw_marker(self._file_path, self._marker)
             self._marker = -1
@@ -370,6 +415,7 @@ class FileTimerServer:
                 ref.close()
         self._procs.clear()
         self._who.clear()
+        self._refused.clear()
         self._batches.clear()  # workers still being judged are left alone
         self._sink.close()
 
@@ -402,6 +448,7 @@ class FileTimerServer:
         now = time.monotonic()
         self._tick_end = max(self._tick_end + interval, now - 10 * interval)
         while True:
+            self._check_fifo()
             self.register_timers(self._read_requests())
             self._reap_expired()
             if self._run_once or self._stop_signaled:
@@ -464,22 +511,75 @@ class FileTimerServer:
             self._pending, self._skipping = b"", True
 
     def register_timers(self, timer_requests: list[FileTimerRequest]) -> None:
-        """Apply requests: an acquire sets the (pid, scope) timer (replacing one of that scope), a release drops it."""
+        """Apply requests: an acquire sets the (pid, scope) timer (replacing one of that scope), a release drops it.
+
+        An acquire beyond MAX_TIMERS_PER_PID timers of its pid, MAX_REFUSED_TIMERS of refused pids or
+        MAX_TIMERS in all is dropped, with a ``watchdog.rejected`` event naming the pid (once until it
+        releases one). Per request: dict updates, and one procfs read to confirm an identified process.
+        """
         now = time.monotonic()
         for request in timer_requests:
             ours = request if isinstance(request, _Request) else None
             self._request_count += 1
-            key = (request.worker_pid, request.scope_id)
+            pid = request.worker_pid
+            key = (pid, request.scope_id)
             if request.expiration_time < 0:
-                self._timers.pop(key, None)
-                self._armed.pop(key, None)
+                self._drop_timer(key)
                 continue
-            if key not in self._timers and len(self._timers) >= MAX_TIMERS:
-                self._reject(f"more than {MAX_TIMERS} timers at once (pid {request.worker_pid})")
-                continue
+            self._identify(pid, None if ours is None else ours.start, ours)
+            if key not in self._timers:
+                full = self._over_cap(pid)
+                if full:
+                    self._reject(full)
+                    if pid not in self._capped:
+                        if len(self._capped) >= MAX_TIMERS:
+                            self._capped.clear()
+                        self._capped.add(pid)
+                        fix = "release timers (a scope per region, released when it ends), or find who floods the FIFO"
+                        self._rejected(pid, request.scope_id, f"acquire dropped: {full}. fix: {fix}", None)
+                    continue
+                self._per_pid[pid] = self._per_pid.get(pid, 0) + 1
+                self._refused_timers += pid in self._refused
             self._timers[key] = request
             self._armed[key] = (now, None if ours is None else ours.thread)
-            self._identify(request.worker_pid, None if ours is None else ours.start, ours)
+
+    def _over_cap(self, pid: int) -> str:
+        """Why a new timer of ``pid`` is not held (a cap is reached), or ``""``."""
+        held = self._per_pid.get(pid, 0)
+        if held >= MAX_TIMERS_PER_PID:
+            return f"pid {pid} holds {held} timers already, the most one process may hold ({MAX_TIMERS_PER_PID})"
+        if pid in self._refused and self._refused_timers >= MAX_REFUSED_TIMERS:
+            return (
+                f"pid {pid} is never signalled and {self._refused_timers} timers of such pids are held already "
+                f"(at most {MAX_REFUSED_TIMERS})"
+            )
+        if len(self._timers) >= MAX_TIMERS:
+            return f"more than {MAX_TIMERS} timers at once (pid {pid})"
+        return ""
+
+    def _drop_timer(self, key: tuple[int, str]) -> None:
+        """Forget one timer (and its count)."""
+        self._armed.pop(key, None)
+        if self._timers.pop(key, None) is None:
+            return
+        pid = key[0]
+        left = self._per_pid.get(pid, 1) - 1
+        if left > 0:
+            self._per_pid[pid] = left
+        else:
+            self._per_pid.pop(pid, None)
+        self._refused_timers -= pid in self._refused
+        self._capped.discard(pid)
+
+    def _set_refused(self, pid: int, refusal: tuple[int | None, str] | None) -> None:
+        """Record why ``pid`` is never signalled (None: it may be), keeping the count of refused timers."""
+        was = pid in self._refused
+        if refusal is None:
+            self._refused.pop(pid, None)
+        else:
+            self._refused[pid] = refusal
+        if was != (refusal is not None):
+            self._refused_timers += self._per_pid.get(pid, 0) * (1 if refusal is not None else -1)
 
     def _identify(self, pid: int, start: int | None, request: _Request | None) -> None:
         """Remember which process ``pid`` is now (pidfd + start time; None: never signalled) and its ranks.
@@ -493,17 +593,175 @@ class FileTimerServer:
             if claimed != Identity() and self._who[pid][0] != claimed:
                 self._who[pid] = (claimed, claimed.disagreement(pid, Identity.from_proc(pid)))
             return
+        refused = self._refused.get(pid)
+        if ref is None and refused is not None and pid in self._procs:  # refused already: the same process?
+            now_start = start_time(pid) if pid > 0 else None
+            if now_start == refused[0] and (start is None or start == now_start):
+                return
         if ref is not None:
             ref.close()
         new = ProcessRef.open(pid, start) if pid > 0 and owner_uid(pid) == os.geteuid() else None
+        why = (
+            f"pid {pid} is not signalled: when its timer was acquired it was not a live process of uid "
+            f"{os.geteuid()} that this server may signal (its own process, its parent, pid <= 1, a thread id or "
+            "a process group are never signalled)"
+        )
+        if new is not None:
+            why = self._not_a_worker(pid)
+            if why:
+                new.close()
+                new = None
         self._procs[pid] = new
+        self._set_refused(pid, None if new is not None else (start_time(pid) if pid > 0 else None, why))
         if new is None:  # never signalled: neither its environment nor a claim (any line can name it) is read
             self._who[pid] = (Identity(), "")
+            scope = None if request is None else request.scope_id
+            self._rejected(pid, scope, why, "refused")
         else:
             environ = Identity.from_proc(pid)
             self._who[pid] = (
                 (claimed, claimed.disagreement(pid, environ)) if claimed != Identity() else (environ or Identity(), "")
             )
+
+    def _not_a_worker(self, pid: int) -> str:
+        """Why ``pid`` (a live process of this user, pinned by a pidfd) is not signalled, or ``""`` for a worker.
+
+        A worker of this job: a descendant of the server's process or of ``worker_parent``, a process that
+        started with ``TORCHELASTIC_TIMER_FILE`` naming this FIFO or ``TORCHELASTIC_RUN_ID`` equal to the
+        run id, or one holding this FIFO open; never an ancestor of the server. Tried cheapest first, once per
+        process: the two ppid chains (one procfs read per level), its environ (one read), its fds (a
+        ``stat`` each).
+        """
+        me = os.getpid()
+        if pid in ancestors(me):
+            return (
+                f"pid {pid} was not signalled: it is an ancestor of this server (pid {me}), e.g. the shell or "
+                "launcher that started it, never one of its workers"
+            )
+        above = ancestors(pid)
+        if any(root in above and start_time(root) == root_start for root, root_start in self._roots):
+            return ""
+        environ = read_environ(pid) or {}
+        if self._names_fifo(pid, environ.get("TORCHELASTIC_TIMER_FILE", "")):
+            return ""
+        if self._run_id and environ.get("TORCHELASTIC_RUN_ID") == self._run_id:
+            return ""
+        if holds_file(pid, self._fifos):
+            return ""
+        parents = " or ".join(str(root) for root, _ in self._roots)
+        return (
+            f"pid {pid} was not signalled: it is not a worker of this job (it does not hold the FIFO "
+            f"{self._file_path!r} open, did not start with TORCHELASTIC_TIMER_FILE={self._file_path!r} or "
+            f"TORCHELASTIC_RUN_ID={self._run_id!r}, and does not descend from pid {parents}); "
+            "fix: if it is a worker, launch it with TORCHELASTIC_TIMER_FILE set to the FIFO (torchrun passes it "
+            "on) or serve with --workers-of <its launcher's pid> (FileTimerServer(worker_parent=...)); "
+            "otherwise find the process that writes lines naming it"
+        )
+
+    def _names_fifo(self, pid: int, value: str) -> bool:
+        """Whether ``value`` (``pid``'s TORCHELASTIC_TIMER_FILE, relative to its cwd) names this server's FIFO."""
+        if not value:
+            return False
+        if not os.path.isabs(value):
+            try:
+                value = os.path.join(os.readlink(f"/proc/{pid}/cwd"), value)
+            except OSError:
+                return False
+        if os.path.normpath(value) == os.path.normpath(os.path.abspath(self._file_path)):
+            return True
+        try:
+            st = os.stat(value)
+        except (OSError, ValueError):
+            return False
+        return stat.S_ISFIFO(st.st_mode) and (st.st_dev, st.st_ino) in self._fifos
+
+    def _rejected(self, pid: int | None, scope: str | None, detail: str, outcome: Outcome | None) -> None:
+        """Emit a ``watchdog.rejected`` event (at most _REJECTED_EVENTS per 5 s; the rest are counted)."""
+        now = time.monotonic()
+        since, sent, suppressed = self._events_window
+        if now - since >= _WARN_EVERY:
+            since, sent = now, 0
+        if sent >= _REJECTED_EVENTS:
+            self._events_window = (since, sent, suppressed + 1)
+            return
+        self._events_window = (since, sent + 1, 0)
+        if suppressed:
+            detail += f" ({suppressed} more rejections were not written as events: at most {_REJECTED_EVENTS} per 5 s)"
+        self._sink.emit(
+            WatchdogEvent(
+                event="watchdog.rejected",
+                path=self._file_path,
+                pid=pid,
+                uid=os.geteuid(),
+                scope=None if scope is None else scope[:MAX_SCOPE_CHARS],
+                outcome=outcome,
+                detail=f"run {self._run_id!r}: {detail}",
+            )
+        )
+
+    # -- the FIFO under the path ------------------------------------------------------------------------------
+
+    def _check_fifo(self) -> None:
+        """Every 0.1 s at most (one ``lstat``): recreate the FIFO if the path no longer names it.
+
+        A FIFO there is another server's (torch's replaces the path when it starts): left to it, reported
+        once; the clients that keep this FIFO open are still served. Nothing there, or a regular file (which
+        torch's clients would write their requests into, unread), is reported once and a new FIFO is made.
+        """
+        now = time.monotonic()
+        if now - self._fifo_checked_at < min(_SWEEP_EVERY, self._max_interval) or self._rfd < 0:
+            return
+        self._fifo_checked_at = now
+        try:
+            st: os.stat_result | None = os.lstat(self._file_path)
+        except OSError:
+            st = None
+        there = (0, 0) if st is None else (st.st_dev, st.st_ino)
+        if there == self._fifo_id:
+            self._path_seen = None
+            return
+        first = there != self._path_seen
+        self._path_seen = there
+        if st is not None and stat.S_ISFIFO(st.st_mode):
+            if first:
+                self._replaced(
+                    "is now another FIFO (another server's: torch's replaces the path when it starts); left to it, "
+                    "and the clients that keep this server's FIFO open are still served"
+                )
+            return
+        what = "is gone" if st is None else f"is now a {_kind(st.st_mode)} (torch's clients write into it, unread)"
+        self.register_timers(self._read_requests())  # what the old FIFO holds, before it is closed
+        old_marker = self._marker
+        try:
+            rfd, wfd = make_fifo(self._file_path, before_open=self._publish)
+        except WatchdogError as exc:
+            if first:
+                self._replaced(f"{what}; it cannot be recreated, so only clients that keep it open are served: {exc}")
+            return
+        if old_marker >= 0 and old_marker != self._marker:
+            withdraw_marker(self._file_path, old_marker)
+        new = os.fstat(rfd)
+        with self._fd_lock:
+            old = (self._rfd, self._wfd)
+            self._poller.unregister(old[0])
+            self._rfd, self._wfd = rfd, wfd
+            self._poller.register(rfd, select.POLLIN)
+            for fd in old:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fifo_id = (new.st_dev, new.st_ino)
+        self._fifos.add(self._fifo_id)
+        self._pending, self._skipping, self._path_seen = b"", False, None
+        self._replaced(f"{what}; a new FIFO was made at the path (clients that kept the old one open reopen it)")
+
+    def _replaced(self, detail: str) -> None:
+        self._sink.emit(
+            WatchdogEvent(
+                event="watchdog.fifo_replaced",
+                path=self._file_path,
+                detail=f"run {self._run_id!r}: the timer FIFO {self._file_path!r} {detail}",
+            )
+        )
 
     def clear_timers(self, worker_pids: set[int]) -> None:
         """Drop every timer of ``worker_pids`` and of processes no longer running."""
@@ -511,8 +769,7 @@ class FileTimerServer:
         pids = {pid for pid, _ in self._timers}
         gone = {pid for pid in pids if pid in worker_pids or not self.is_process_running(pid)}
         for key in [key for key in self._timers if key[0] in gone]:
-            del self._timers[key]
-            self._armed.pop(key, None)
+            self._drop_timer(key)
         armed = {pid for pid, _ in self._timers} | self._held()  # a worker being judged keeps its handle
         for pid in [p for p in self._procs if p not in armed]:
             ref = self._procs[pid]
@@ -520,6 +777,7 @@ class FileTimerServer:
                 continue  # between two regions: its stack file must outlive them, for its next hang
             del self._procs[pid]
             self._who.pop(pid, None)
+            self._set_refused(pid, None)
             if ref is not None:
                 ref.close()
                 _remove_stack(stack_path(self._file_path, pid, ref.start))
@@ -589,12 +847,15 @@ class FileTimerServer:
         """
         if self._group_window <= 0 or self._run_once or not due:
             return due
+        # A refused pid (never signalled) is reported at once and never joins a batch: a forged line must not
+        # delay, nor weigh in, the judgement of the job's workers.
+        alone = [pid for pid in due if self._procs.get(pid) is None]
+        due = [pid for pid in due if self._procs.get(pid) is not None]
         nearest: dict[int, float] = {}
         for (pid, _), request in self._timers.items():
-            if pid not in held and pid not in due and request.signal > 0:
+            if pid not in held and pid not in due and request.signal > 0 and self._procs.get(pid) is not None:
                 nearest[pid] = min(nearest.get(pid, math.inf), request.expiration_time)
         until = now + self._group_window
-        alone = []
         for batch in gather(due, list(nearest), until, world=self._world, deadline=nearest.__getitem__):
             if len(batch) == 1:
                 alone.extend(batch)
@@ -725,11 +986,9 @@ class FileTimerServer:
         outcome: Outcome = "refused"
         signals: tuple[str, ...] = ()
         if ref is None:
-            detail = (
-                f"pid {worker_pid} was not signalled: when its timer was acquired it was not a live process of "
-                f"uid {os.geteuid()} that this server may signal (its own process, its parent, pid <= 1 or a "
-                "process group are never signalled)"
-            )
+            detail = self._refused.get(worker_pid, (None, f"pid {worker_pid} is not signalled"))[1]
+        elif worker_pid in ancestors(os.getpid()):  # re-checked (a few procfs reads): never above the server
+            detail = f"pid {worker_pid} was not signalled: it is an ancestor of this server (pid {os.getpid()})"
         elif not ref.matches():
             now_start = start_time(worker_pid)
             if now_start is None or now_start == ref.start:
@@ -864,6 +1123,14 @@ def _earliest_signal(timers: list[FileTimerRequest]) -> tuple[int, FileTimerRequ
         if timer.signal > 0:
             return timer.signal, timer
     return 0, ordered[0]
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words."""
+    for test, name in ((stat.S_ISREG, "regular file"), (stat.S_ISLNK, "symlink"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return f"file of mode {mode:o}"
 
 
 def _running(ref: ProcessRef) -> bool:

@@ -48,7 +48,9 @@ def spawn(workers: Workers, kind: str, fifo: str, after: float, *extra: str) -> 
             [sys.executable, FT_WORKER, kind, fifo, str(after), *extra],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            # As torchrun launches them: the daemon signals only processes that started with the FIFO's path
+            # (or hold it open, or descend from the server or --workers-of), and torch's client closes it.
+            env={**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_TIMER_FILE": fifo},
         )
     )
 

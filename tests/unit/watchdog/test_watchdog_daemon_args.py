@@ -48,7 +48,10 @@ def test_every_serve_option_reaches_the_server(monkeypatch: pytest.MonkeyPatch) 
     parser = argparse.ArgumentParser()
     add_watchdog_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
-        ["watchdog", "serve", "--path", "p", "--group-window", "3", "--victim-hold", "4", "--torch-fifo", "/tmp/t"]
+        [
+            *("watchdog", "serve", "--path", "p", "--group-window", "3", "--victim-hold", "4"),
+            *("--torch-fifo", "/tmp/t", "--workers-of", "4242"),
+        ]
     )
     assert run_from_args(args) == 0
     assert seen == {
@@ -61,6 +64,7 @@ def test_every_serve_option_reaches_the_server(monkeypatch: pytest.MonkeyPatch) 
         "group_window": 3.0,
         "victim_hold": 4.0,
         "torch_fifo": "/tmp/t",
+        "workers_of": 4242,
     }
 
 
