@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 #: Result kinds: ``tcpstore`` (a TCPStore answered), ``foreign`` (TCP accepted, no TCPStore answer),
 #: ``refused`` (nothing listens yet), ``dns`` (name does not resolve), ``unreachable`` (no route),
@@ -34,9 +34,16 @@ ProbeKind = Literal["tcpstore", "foreign", "refused", "dns", "unreachable", "tim
 
 # TCPStore wire protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp): QueryType is a uint8 enum,
 # VALIDATE = 0 followed by the magic number, PING = 13 followed by a nonce the server echoes back.
+# torch before 2.5 has no PING (2.1 and 2.4 checked): its server drops the connection at the unknown query, so a
+# dropped handshake is tried again with GETNUMKEYS, which every torch answers with an int64 key count: after
+# VALIDATE (GETNUMKEYS = 7, torch 2.2-2.4), then as torch 2.1 speaks (no VALIDATE, GETNUMKEYS = 6).
 _VALIDATE = 0
-_PING = 13
 _MAGIC = 0x3C85F7CE
+_GETNUMKEYS = 7
+_PING = 13
+_OLDER = (struct.pack("=BIB", _VALIDATE, _MAGIC, _GETNUMKEYS), bytes([6]))
+#: A key count above this is foreign bytes, not a store's answer.
+_MOST_KEYS = 1 << 40
 
 _UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL}
 
@@ -89,13 +96,48 @@ def probe(host: str, port: int, timeout: float, *, handshake_timeout: float = 3.
                 else:
                     last = done("error", f"connect failed: {exc}")
                 continue
-            return _handshake(sock, handshake_timeout, done)
+            seen = _handshake(sock, handshake_timeout, done)
         finally:
             sock.close()
+        if seen.kind == "foreign" and seen.detail.startswith(_DROPPED):
+            for query in _OLDER:
+                older = _count_keys(query, (family, kind, proto), address, handshake_timeout, done)
+                if older is not None:
+                    return older
+        return seen
     return last if last is not None else done("timeout", f"no answer within {timeout:.1f} s")
 
 
 _Done = Callable[[ProbeKind, str], ProbeResult]
+
+
+#: How a handshake's detail starts when the listener dropped the connection (an older store at our PING).
+_DROPPED = ("the listener closed the connection", "the listener broke the store handshake")
+
+
+def _count_keys(
+    query: bytes, socket_args: tuple[int, int, int], address: Any, timeout: float, done: _Done
+) -> ProbeResult | None:
+    """The handshake of a TCPStore without PING (torch < 2.5): ``query`` asks for the key count; None if it fails."""
+    family, kind, proto = socket_args
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+        sock.sendall(query)
+        data = b""
+        while len(data) < 8:
+            chunk = sock.recv(8 - len(data))
+            if not chunk:
+                return None
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    if not 0 <= struct.unpack("=q", data)[0] < _MOST_KEYS:
+        return None
+    return done("tcpstore", "a TCPStore answered (one without PING: torch < 2.5)")
 
 
 def _handshake(sock: socket.socket, timeout: float, done: _Done) -> ProbeResult:

@@ -48,7 +48,6 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
     """
     if env.world_size == 1 or env.master_addr is None or env.master_port is None or timeout < 0.5:
         return None
-    import torch.distributed as dist
 
     from distinit.init import AttemptFailed, connect_store, host_store
 
@@ -65,13 +64,13 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
             store.set(_ACK.format(rank=env.rank), "1")  # rank 0 keeps its store until this is read
             return None
         store = host_store(env.master_addr, env.master_port, timeout=timeout)
-    except (AttemptFailed, RuntimeError, dist.DistError) as exc:  # DistStoreError is a RuntimeError
+    except (AttemptFailed, RuntimeError) as exc:  # DistStoreError is a RuntimeError
         logger.debug("rank %d: local checks not shared after the world failed: %s", env.rank, exc)
         return None
     keys = [_KEY.format(rank=r) for r in range(1, env.world_size)]
     # Collect for part of the bound only: the ranks that answered wait for ``merged`` for all of it, and
     # one that arrived a little before rank 0 must still hear it (a rank that never came costs the rest).
-    with contextlib.suppress(RuntimeError, dist.DistError):  # some never answered: merge those that did
+    with contextlib.suppress(RuntimeError):  # some never answered: merge those that did
         _await(store, keys, COLLECT_SHARE * timeout)
     found: dict[int, PeerLocal | str] = {0: mine}
     for rank, key in enumerate(keys, start=1):
@@ -82,7 +81,7 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
     # the rank's stderr: hold it until every rank that answered has read it (bounded by what is left).
     acks = [_ACK.format(rank=r) for r in found if r != 0]
     left = max(0.1, min(ACK_S, timeout - (time.monotonic() - started)))
-    with contextlib.suppress(RuntimeError, dist.DistError):
+    with contextlib.suppress(RuntimeError):
         _await(store, acks, left)
     return found
 

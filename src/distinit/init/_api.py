@@ -294,7 +294,7 @@ def _watch(world_size: int) -> Liveness | None:
         rank=dist.get_rank(),
         world_size=world_size,
         environ=os.environ,
-        master=(addr, int(port)) if addr and port.isdigit() else None,
+        master=(addr, int(port)) if addr and port.isascii() and port.isdigit() else None,
     )
 
 

@@ -13,6 +13,7 @@ failure becomes the final error. What each attempt saw is kept in an :class:`Att
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -22,7 +23,6 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 import torch
-import torch.distributed as dist
 from torch.distributed import Store, TCPStore
 
 from distinit._duration import to_timedelta
@@ -34,7 +34,16 @@ from distinit.init import _messages, _store
 from distinit.init._form import GroupFormer, InitWatch
 from distinit.init._heartbeat import host_gone
 from distinit.init._join import JoinProtocol, wait_for_key
-from distinit.init._policy import AttemptFailed, Backoff, Bounds, Grace, loss_bound, next_pause, quote
+from distinit.init._policy import (
+    AttemptFailed,
+    Backoff,
+    Bounds,
+    Grace,
+    Unsupported,
+    loss_bound,
+    next_pause,
+    quote,
+)
 from distinit.init._report import AttemptRecord, InitReport, Phase
 from distinit.init._store import SPECIFIC, Master, connect_store, specific_error
 from distinit.init._thread import PROCESS, Abandoned, Handover, leave_behind, run_guarded
@@ -49,7 +58,7 @@ _COUNT_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMI_SIZE", "
 
 def _count(environ: Mapping[str, str], name: str) -> int | None:
     value = environ.get(name, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
 
 
 def launched(environ: Mapping[str, str]) -> tuple[int, str] | None:
@@ -198,6 +207,7 @@ class Rendezvous:
         self.generation: int | None = None
         self._phase: Phase = "store"
         self._attempt = (0, self.start)  # (number, monotonic start) of the attempt in progress
+        self._woke_early = False  # the last pause ended early (the state key appeared, or the store failed)
         self._paused_at: float | None = None  # set while pausing between attempts
         #: What ended the attempts, for the caller (None: the group formed).
         self.raised: BaseException | None = None
@@ -223,7 +233,9 @@ class Rendezvous:
                 if self.former.verify:
                     self._phase = "verify"
                 self.former.check(join, generation, end=formed_by)
-            except (dist.DistError, RuntimeError, OSError) as exc:
+            except Unsupported as exc:
+                self._unsupported(exc)
+            except (RuntimeError, OSError) as exc:
                 gone = self._host_gone(failed_at=time.monotonic())
                 if gone is not None:
                     raise gone from exc
@@ -333,6 +345,25 @@ class Rendezvous:
             sleep=self.handover.sleep,
         )
 
+    def _unsupported(self, failure: Unsupported) -> NoReturn:
+        """A torch call failed in a way no retry cures: end the call now, and on every rank where possible.
+
+        The verdict goes on the store when this rank joined one, so that the ranks waiting for it raise it too
+        rather than wait for the deadline. Rank 0 failing to host the store has no store to tell them on: they
+        see a refused port until their deadline (the error on rank 0 names the cause).
+        """
+        verdict = _messages.unsupported(
+            step=failure.step, master=self.master.name, cause=quote(failure.cause), rank=self.rank
+        )
+        verdict.__cause__ = failure.cause
+        logger.error("rank %d: %s", self.rank, verdict.what, extra={"distinit": {"event": "init.unsupported"}})
+        join, generation = self.join, self.generation
+        if join is not None and generation is not None:
+            # The store may have gone away as well: then this rank's own verdict is what it knows.
+            with contextlib.suppress(RuntimeError, OSError):
+                join.fail(generation, verdict)
+        raise verdict
+
     def _lost(self, exc: BaseException) -> AttemptFailed:
         """A torch/socket error outside the phases that translate their own: the store failed."""
         if not self.hosting:
@@ -352,12 +383,17 @@ class Rendezvous:
         self._paused_at = time.monotonic()
         end = self._paused_at + seconds
         join, generation, records = self.join, self.generation, self.log.records
-        if join is not None and generation is not None and records and records[-1].phase == "join":
+        woke, self._woke_early = self._woke_early, False
+        if join is not None and generation is not None and records and records[-1].phase == "join" and not woke:
+            # Never twice in a row: a store that keeps failing, or a state key someone keeps forging (refused by
+            # the attempt, written again), must not turn the attempts into a spin; the pause then runs out.
             state = f"{join.namespace}g{generation}/state"
             try:
                 if wait_for_key(join.store, state, end, stop=self.handover.gave_up, poll=join.pace.poll):
+                    self._woke_early = True
                     return  # the world completed (or a verdict came) during the pause
-            except (dist.DistError, RuntimeError, OSError):
+            except (RuntimeError, OSError):
+                self._woke_early = True
                 return  # the store went away: the next attempt meets it at once
         self.handover.sleep(end - time.monotonic())
 

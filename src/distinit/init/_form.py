@@ -183,23 +183,23 @@ class GroupFormer:
         except (SchedulerEnvError, RendezvousError):
             self.undo()  # the world disagrees with the environment: a verdict, the same on every rank
             raise
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, NotImplementedError) as exc:  # NotImplementedError is a RuntimeError
             self.undo()
             raise RendezvousError(
-                f"rank {self.env.rank}: init_process_group rejected its arguments: {exc}",
+                f"rank {self.env.rank}: init_process_group rejected its arguments: {quote(exc)}",
                 rank=self.env.rank,
                 why="an argument (backend, device_id, pg_timeout) does not fit this torch build or host.",
                 fix="check the arguments passed to init_with_retry()/setup().",
                 master=join.master,
                 generation=generation,
             ) from exc
-        except (dist.DistError, RuntimeError, OSError) as exc:
+        except (RuntimeError, OSError) as exc:
             self.undo()
             verdict = classify_init_failure(exc, join=join, generation=generation, env=self.env, hosting=join.hosting)
             if verdict is not None:  # not transient (gloo's loopback trap): one verdict everywhere, no new generation
                 raise verdict from exc
             # If the store is gone too, the next attempt reconnects and reads the generation anew.
-            with contextlib.suppress(dist.DistError, RuntimeError):
+            with contextlib.suppress(RuntimeError):
                 join.abandon(generation)
             raise AttemptFailed(
                 "init",
@@ -530,7 +530,7 @@ def _node_ranks(layout: NodeLayout, claimed: Mapping[HostIdentity, int]) -> dict
 WATCH_EVERY = 0.25
 WATCH_TIMEOUT = 5.0
 
-_Failure = (dist.DistError, RuntimeError, OSError, ValueError)
+_Failure = (RuntimeError, OSError, ValueError)  # torch's DistError (torch 2.2+) is a RuntimeError
 
 
 def verdict_key(namespace: str, generation: int) -> str:

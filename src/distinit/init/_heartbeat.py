@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-import torch.distributed as dist
 from torch.distributed import Store
 
 from distinit._duration import wait_bound
@@ -118,7 +117,7 @@ class Heartbeat:
                 if silent is not None and not self._stop.is_set():
                     self._lost(silent)
                     return
-        except (dist.DistError, RuntimeError, OSError, ValueError, RendezvousError) as exc:
+        except (RuntimeError, OSError, ValueError, RendezvousError) as exc:
             # The store went away, or holds keys distinit did not write: the main thread sees that too.
             logger.debug("rank %d: heartbeat stopped: %s", self.rank, exc)
         finally:

@@ -37,7 +37,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-import torch.distributed as dist
 from torch.distributed import Store
 
 from distinit._board import Board, text
@@ -188,7 +187,13 @@ class JoinProtocol:
         takeover = False
         if holder != me:
             host, pid = holder.split("|")[:2]
-            if host == self.me.host and pid.isdigit() and int(pid) != self.me.pid and not _pid_alive(int(pid)):
+            if (
+                host == self.me.host
+                and pid.isascii()
+                and pid.isdigit()
+                and int(pid) != self.me.pid
+                and not _pid_alive(int(pid))
+            ):
                 # A crashed process of this rank on this host: take its claim over; it was already counted.
                 takeover = text(self.store.compare_set(claim_key, holder, me)) == me
             if not takeover:
@@ -491,6 +496,14 @@ class JoinProtocol:
             raise verdict
         raise self._read_verdict(generation, state)
 
+    def fail(self, generation: int, verdict: RendezvousError) -> NoReturn:
+        """This rank met a failure no retry cures: publish ``verdict`` for every rank and raise it.
+
+        First writer wins: if another verdict is already published, that one is raised instead.
+        """
+        self.stop_beating()
+        self._publish(generation, verdict)
+
     def _publish_lost(self, generation: int, silent: Silent) -> None:
         """The heartbeat thread saw ``silent.rank`` stop: publish the verdict (first writer wins)."""
         who = self._get_now(self._key(generation, f"claim/{silent.rank}"))
@@ -516,7 +529,7 @@ class JoinProtocol:
 
     def _saw(self, generation: int) -> None:
         """Count this rank among those that know the verdict (if the host is gone, the text is what matters)."""
-        with contextlib.suppress(dist.DistError):
+        with contextlib.suppress(RuntimeError):
             self._board(generation).acknowledge()
 
     def _linger(self, generation: int, verdict: RendezvousError) -> None:
@@ -681,7 +694,7 @@ def wait_for_key(
     :class:`~distinit.init._thread.Abandoned`; ``tick`` runs at every poll.
 
     Raises:
-        torch.distributed.DistError: the store failed.
+        RuntimeError: the store failed (torch's DistError, torch 2.2+).
     """
     pauses = PauseSchedule(poll, quick)
 

@@ -71,7 +71,7 @@ COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting|timed out after|Watchdog cau
 
 def peer_closed(exc: BaseException | None) -> bool:
     """Whether ``exc`` is a collective that failed because a peer went away (gloo or NCCL)."""
-    return isinstance(exc, (RuntimeError, dist.DistError)) and PEER_CLOSED.search(str(exc)) is not None
+    return isinstance(exc, RuntimeError) and PEER_CLOSED.search(str(exc)) is not None
 
 
 def consequence(exc: BaseException | None) -> bool:
@@ -85,7 +85,7 @@ def consequence(exc: BaseException | None) -> bool:
         seen.add(id(exc))
         if isinstance(exc, RankLostError) or peer_closed(exc):
             return True
-        if isinstance(exc, (RuntimeError, dist.DistError)) and COLLECTIVE_TIMEOUT.search(str(exc)):
+        if isinstance(exc, RuntimeError) and COLLECTIVE_TIMEOUT.search(str(exc)):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -285,7 +285,7 @@ class Liveness:
             if self.rank != 0:
                 self.store.wait(["who/0"], timedelta(seconds=timeout))
                 self._who[0] = text(self.store.get("who/0"))
-        except (dist.DistError, RuntimeError, OSError) as exc:
+        except (RuntimeError, OSError) as exc:
             logger.debug("rank %d: rank 0's host and pid not read: %s", self.rank, exc)
 
     def start(self) -> None:
@@ -327,7 +327,7 @@ class Liveness:
                     # stopped, or the group was destroyed without teardown(): say so, then let go of its store
                     self.store.set(f"beat/{self.rank}", BYE)
                     return
-        except (dist.DistError, RuntimeError, OSError, ValueError, AttributeError) as exc:
+        except (RuntimeError, OSError, ValueError, AttributeError) as exc:
             # The store went away (or was let go of by stop()): nothing left to watch.
             if not self._stop.is_set():
                 logger.debug("rank %d: liveness watch stopped: %s", self.rank, exc)
@@ -374,7 +374,7 @@ class Liveness:
         """``rank 1 (host gpu-b, pid 902)``, from ``who/<rank>`` (read once), or just ``rank 1``."""
         who = self._who.get(rank)
         if who is None:
-            with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
+            with contextlib.suppress(RuntimeError, OSError, AttributeError):
                 if self.store.check([f"who/{rank}"]):
                     who = self._who[rank] = text(self.store.get(f"who/{rank}"))
         if who is None:
@@ -394,7 +394,7 @@ class Liveness:
 
     def record_exit(self, kind: ExitKind, detail: str) -> None:
         """Write this rank's exit record (before its last beat): why it leaves. A dead store is ignored."""
-        with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
+        with contextlib.suppress(RuntimeError, OSError, AttributeError):
             self.store.set(f"exit/{self.rank}", ExitRecord(kind, time.time(), detail).encode())
 
     def lost(self, bound: float) -> str:
@@ -407,12 +407,12 @@ class Liveness:
                 published = self._judge(time.monotonic() + bound)
             self.finding = published
             return published
-        except (dist.DistError, RuntimeError, OSError, AttributeError):  # AttributeError: the store was let go of
+        except (RuntimeError, OSError, AttributeError):  # AttributeError: the store was let go of
             if self.finding is not None:  # learnt by the thread meanwhile
                 return self.finding
             return self._store_gone()
         finally:
-            with contextlib.suppress(dist.DistError, RuntimeError, OSError, AttributeError):
+            with contextlib.suppress(RuntimeError, OSError, AttributeError):
                 self._board.acknowledge()
 
     def _judge(self, end: float) -> str:
@@ -515,7 +515,7 @@ def _wall(beat: bytes) -> float | None:
 def _gone_here(who: str, host: str) -> bool:
     """``host|pid`` names a process of this host that no longer exists (a zombie is gone: it runs no more)."""
     where, _, pid = who.partition("|")
-    if where != host or not pid.isdigit():
+    if where != host or not (pid.isascii() and pid.isdigit()):
         return False
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:

@@ -213,6 +213,23 @@ def backend_unavailable(*, backend: str, rank: int) -> RendezvousError:
     )
 
 
+def unsupported(*, step: str, master: str, cause: str, rank: int) -> RendezvousError:
+    """A deterministic failure (:func:`distinit.init._policy.nature`): ``step`` cannot work with this torch or setting.
+
+    ``cause``: the foreign error as ``Type: first line``. Raised at once: every retry would fail the same way.
+    """
+    return RendezvousError(
+        f"rank {rank} cannot {step} (rendezvous {master}): {cause}. Not retried: every attempt would fail the same "
+        "way.",
+        rank=rank,
+        why="this torch build does not support what the call needs (a store feature, a keyword, a backend "
+        "option), or a setting is invalid for it; see docs/compat.md for the torch versions distinit supports.",
+        fix="install a torch listed in docs/compat.md or correct the setting named above; if the "
+        "message asks for an environment variable (e.g. USE_LIBUV=0), export it for every rank.",
+        master=master,
+    )
+
+
 def incompatible_group(*, want: str, have: str, rank: int) -> RendezvousError:
     """A process group already exists and differs from the one requested."""
     return RendezvousError(
@@ -461,15 +478,22 @@ def verdict_to_json(exc: RendezvousError, *, writer: int | None = None, token: s
     return json.dumps(payload)
 
 
+#: The longest verdict a rank writes is a few KiB (its text, the ranks and claimants it names): anything longer
+#: is not one, and is refused before it is parsed.
+MAX_VERDICT_CHARS = 1 << 20
+
+
 def verdict_origin(text: str, *, token: str, world_size: int) -> bool:
     """Whether ``text`` is a verdict written by a rank of this group.
 
     That is JSON carrying this generation's ``token`` and a ``writer`` rank below ``world_size``. Never
     raises: garbage is simply not a verdict.
     """
+    if len(text) > MAX_VERDICT_CHARS:
+        return False
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a value nested deeper than the parser recurses
         return False
     if not isinstance(data, dict):
         return False
@@ -486,6 +510,8 @@ def verdict_origin(text: str, *, token: str, world_size: int) -> bool:
 def verdict_from_json(text: str, *, rank: int) -> RendezvousError:
     """Rebuild a verdict read from the store; unknown payloads become a plain :class:`RendezvousError`."""
     try:
+        if len(text) > MAX_VERDICT_CHARS:
+            raise ValueError(f"{len(text)} characters")
         data = json.loads(text)
         cls = _VERDICT_CLASSES.get(str(data["error"]), RendezvousError)
         return cls(
@@ -498,7 +524,7 @@ def verdict_from_json(text: str, *, rank: int) -> RendezvousError:
             ranks=tuple(int(r) for r in data.get("ranks", ())),
             claimants=tuple(str(c) for c in data.get("claimants", ())),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return RendezvousError(
             f"rendezvous aborted by a peer with an unreadable verdict: {text[:200]!r}",
             rank=rank,

@@ -26,12 +26,18 @@ from datetime import timedelta
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
+from torch.distributed import constants as _torch_constants
 
 from distinit._duration import to_seconds, to_timedelta
 from distinit._foreign import first_line
 from distinit._net import ProbeKind
-from distinit.errors import MalformedEnvError
+from distinit.errors import DistinitError, MalformedEnvError
+
+#: torch's default collective timeout (30 min).
+default_pg_timeout: timedelta = _torch_constants.default_pg_timeout
+#: torch's NCCL default (10 min), named since torch 2.2; None before (torch 2.1's NCCL used
+#: ``default_pg_timeout``, 30 min, and torch 2.1 has no ``default_pg_nccl_timeout`` to import).
+default_pg_nccl_timeout: timedelta | None = getattr(_torch_constants, "default_pg_nccl_timeout", None)
 
 # --- attempt: The one internal exception for a failed-but-retryable attempt, carrying what the attempt saw.
 #: Why an attempt failed in a way that waiting may cure.
@@ -62,6 +68,45 @@ class AttemptFailed(Exception):
         self.kind: FailureKind = kind
         self.detail = detail
         self.missing_ranks = missing_ranks
+
+
+#: Whether waiting may cure a foreign error met during an attempt (see :func:`nature`).
+Nature = Literal["transient", "deterministic"]
+#: Errors that say the call itself cannot work here: the same call fails the same way on every try.
+_DETERMINISTIC = (NotImplementedError, TypeError, AttributeError, ImportError, ValueError)
+#: OS errors that no retry cures: a privileged port, a forbidden operation.
+_DETERMINISTIC_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+
+def nature(exc: BaseException) -> Nature:
+    """Whether ``exc`` (torch, gloo or the OS, met during an attempt) is transient or deterministic. Pure.
+
+    Transient: a refused, reset, timed-out or broken connection, a store error, anything unknown (retried to the
+    deadline, as before). Deterministic: a feature this torch lacks (``NotImplementedError``, an unknown keyword's
+    ``TypeError``, a missing attribute or module), a value torch rejects (``ValueError``), a forbidden bind; these
+    end the call at once. ``NotImplementedError`` is a ``RuntimeError``, so it is tested first. Our own errors
+    are not foreign: they are their own verdicts.
+    """
+    if isinstance(exc, DistinitError):
+        return "transient"  # never wrapped: the caller raises or retries it as it is
+    if isinstance(exc, _DETERMINISTIC):
+        return "deterministic"
+    if isinstance(exc, OSError) and exc.errno in _DETERMINISTIC_ERRNOS:
+        return "deterministic"
+    return "transient"
+
+
+class Unsupported(Exception):
+    """A torch call of an attempt failed in a way no retry cures (:func:`nature`); never escapes ``init_with_retry``.
+
+    The attempt loop turns it into a :class:`~distinit.errors.RendezvousError` at once (and publishes it when
+    this rank reached a store). Attributes: ``step`` (what failed, e.g. ``"host the store"``), ``cause``.
+    """
+
+    def __init__(self, step: str, cause: Exception) -> None:
+        super().__init__(f"cannot {step}: {quote(cause)}")
+        self.step = step
+        self.cause = cause
 
 
 def quote(exc: BaseException) -> str:

@@ -15,15 +15,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-import torch.distributed as dist
+import torch
 from torch.distributed import TCPStore
 
 from distinit._duration import to_timedelta, wait_bound
 from distinit._net import binds, port_holder, probe
 from distinit.errors import RendezvousError
 from distinit.init import _messages
-from distinit.init._policy import AttemptFailed, FailureKind, Grace, quote
+from distinit.init._policy import AttemptFailed, FailureKind, Grace, Unsupported, nature, quote
 from distinit.init._thread import Abandoned
+
+logger = logging.getLogger("distinit.init")
 
 # --- store: The rendezvous store: rank 0 hosts one TCPStore for the whole deadline; the others connect with bounds.
 _BUSY_MARKERS = ("EADDRINUSE", "Address already in use", "errno: 98")
@@ -39,26 +41,67 @@ def host_store(host: str, port: int, *, timeout: float) -> TCPStore:
     """Bind and serve the TCPStore on ``port`` (rank 0). Never waits for workers.
 
     Raises:
-        AttemptFailed: (kind ``port_busy``) the port is held by someone else; (kind ``store``) other failures.
+        AttemptFailed: (kind ``port_busy``) the port is held by someone else; (kind ``store``) other failures
+            that waiting may cure.
+        Unsupported: no retry can cure it (:func:`~distinit.init._policy.nature`: a feature this torch lacks,
+            an unknown keyword); the attempt loop turns it into the verdict.
     """
     listener = _ipv4_listener(host, port)
     try:
-        # multi_tenant: if this process still serves the port (a store that outlived teardown), reuse it.
-        return TCPStore(
-            host,
-            port if listener is None else listener[1],
-            is_master=True,
-            wait_for_workers=False,
-            multi_tenant=True,
-            master_listen_fd=None if listener is None else listener[0],
-            timeout=to_timedelta(max(timeout, 0.1)),
-        )
-    except (dist.DistError, RuntimeError) as exc:
+        return _serve(host, port, listener, timeout=timeout)
+    except Exception as exc:
         if listener is not None:
             _close_listener(*listener)
         if is_port_busy(exc):
             raise AttemptFailed("port_busy", f"cannot bind MASTER_PORT={port}: address already in use") from exc
+        if nature(exc) == "deterministic":
+            raise Unsupported(f"host the store on port {port}", exc) from exc
         raise AttemptFailed("store", f"cannot host the store on port {port}: {quote(exc)}") from exc
+
+
+class _Server:
+    """Which TCPStore server takes our listening descriptor on this torch, learned once per process.
+
+    torch 2.4 made the libuv server the default, and it refuses a pre-made listening socket with
+    ``NotImplementedError`` ("... does not support initialization with an listen fd"); the legacy server
+    (``use_libuv=False``) takes it (checked on 2.4.1). Newer torches take it with either server.
+    """
+
+    legacy = False
+
+
+def _serve(host: str, port: int, listener: tuple[int, int] | None, *, timeout: float) -> TCPStore:
+    """The store server: on our IPv4 listener if there is one (the legacy server where libuv refuses it)."""
+    # multi_tenant: if this process still serves the port (a store that outlived teardown), reuse it.
+    bound = to_timedelta(max(timeout, 0.1))
+    if listener is None:
+        return TCPStore(host, port, is_master=True, wait_for_workers=False, multi_tenant=True, timeout=bound)
+    fd, at = listener
+    if not _Server.legacy:
+        try:
+            return TCPStore(
+                host, at, is_master=True, wait_for_workers=False, multi_tenant=True, master_listen_fd=fd, timeout=bound
+            )
+        except NotImplementedError as exc:
+            if "libuv" not in str(exc):
+                raise
+            _Server.legacy = True
+            logger.info(
+                "the libuv TCPStore server of torch %s cannot take a listening socket: rank 0 hosts the store "
+                "with the legacy server (use_libuv=False) in this process",
+                torch.__version__,
+                extra={"distinit": {"event": "init.store_server", "server": "legacy", "torch": torch.__version__}},
+            )
+    return TCPStore(
+        host,
+        at,
+        is_master=True,
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=fd,
+        use_libuv=False,
+        timeout=bound,
+    )
 
 
 def _ipv4_listener(host: str, port: int) -> tuple[int, int] | None:
@@ -104,6 +147,7 @@ def connect_store(host: str, port: int, *, timeout: float) -> TCPStore:
 
     Raises:
         AttemptFailed: (kind ``store``) the connection failed or did not complete in time.
+        Unsupported: the constructor failed in a way no retry cures.
     """
     bound = max(timeout, 0.1)
     box: dict[str, object] = {}
@@ -122,6 +166,8 @@ def connect_store(host: str, port: int, *, timeout: float) -> TCPStore:
     if thread.is_alive():
         raise AttemptFailed("store", f"the store handshake with {host}:{port} did not complete in {bound:.1f} s")
     error = box.get("error")
+    if isinstance(error, Exception) and nature(error) == "deterministic":
+        raise Unsupported(f"connect to the store at {host}:{port}", error) from error
     if isinstance(error, BaseException):
         raise AttemptFailed("store", f"cannot connect to the store at {host}:{port}: {quote(error)}") from error
     store = box["store"]
@@ -226,8 +272,6 @@ def _routes_here(family: int, ip: str, port: int) -> bool:
 # A probe classifies why the master cannot be reached (refused, DNS, no route, black hole, a foreign
 # program), and a failure that persists past its grace period (:mod:`distinit.init._policy`) becomes its
 # specific error at once instead of the generic timeout at the deadline.
-logger = logging.getLogger("distinit.init")
-
 #: One reachability probe's connect bound, and its store-handshake bound.
 PROBE_TIMEOUT = 5.0
 HANDSHAKE_TIMEOUT = 3.0

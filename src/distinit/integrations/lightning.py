@@ -360,7 +360,7 @@ def _exchange(env: DistEnv, devices: int, num_nodes: int) -> list[list[int]] | N
     try:
         work = dist.all_reduce(table, async_op=True)
         done = work is not None and work.wait(timeout=timedelta(seconds=AGREE_TIMEOUT))
-    except (RuntimeError, dist.DistError) as exc:  # gloo/NCCL: a peer closed its connection, or the timeout
+    except RuntimeError as exc:  # gloo/NCCL: a peer closed its connection, or the timeout
         raise _peer_failed(env, exc) from exc
     if not done:  # pragma: no cover - torch raises instead
         raise ConflictingEnvError(

@@ -431,7 +431,7 @@ def pool_cap() -> int | None:
     text = os.environ.get(POOL_ENV, "").strip()
     if not text:
         return POOL_DEFAULT_BYTES
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() else None  # not '²': int() refuses it
 
 
 def _pooled_size(total: int) -> int:
