@@ -93,6 +93,11 @@ def explain_timeout(snap: Snapshot) -> AgentRendezvousTimeoutError:
     if lost:
         who = ", ".join(sorted({c.hostname for c in lost_cards}))
         why = f"the agent on {who} joined, then stopped (killed, crashed, or its node was lost)"
+        if snap.round > 0:  # a restart: a node whose workers succeeded waits in torch's exit barrier, not here
+            why += (
+                ", or its workers succeeded and it waits in torch's exit barrier (its store client is busy there, so "
+                "it stops heart-beating): torch never restarts a node whose workers succeeded"
+            )
         fix = (
             f"look at the torchrun log and the kernel log (OOM killer) on {who}; restart it there, or run elastic "
             f"(--nnodes=MIN:MAX) so the job goes on without it"
@@ -115,12 +120,19 @@ def explain_timeout(snap: Snapshot) -> AgentRendezvousTimeoutError:
     return exc
 
 
-def explain_closed(run_id: str, endpoint: str, round_: int, cards: Sequence[AgentCard]) -> AgentRendezvousClosedError:
-    """The closed error: another agent ended the job (its workers failed past --max-restarts, or it was stopped)."""
+def explain_closed(
+    run_id: str, endpoint: str, round_: int, cards: Sequence[AgentCard], *, ended: str | None = None
+) -> AgentRendezvousClosedError:
+    """The closed error: another agent ended the job (its workers failed past --max-restarts, or it was stopped).
+
+    ``ended``: the verdict line of the failure that ended the job, when the failed agent published it; it is then
+    the message's first line, as that agent logged it.
+    """
     failed = [card.label for card in cards if card.status == "failed"]
     named = f" ({_names(failed)} reported a failure)" if failed else ""
+    closed = f"the rendezvous {run_id!r} at {endpoint} was closed while this agent waited for round {round_}{named}."
     return AgentRendezvousClosedError(
-        f"the rendezvous {run_id!r} at {endpoint} was closed while this agent waited for round {round_}{named}.",
+        closed if ended is None else f"{ended}\n  {closed}",
         why="another agent of the job finished or failed and closed the rendezvous (e.g. its workers failed after "
         "--max-restarts), so no further round can form",
         fix="look at the other agents' logs for the first failure; start a new job with a new --rdzv-id",

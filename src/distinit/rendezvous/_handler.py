@@ -3,8 +3,10 @@
 Membership, elasticity, keep-alive, re-rendezvous and the agent store are torch's ``DynamicRendezvousHandler``
 over the c10d backend, unchanged. Around it: the endpoint pre-flight (``_endpoint``), each agent's card and
 heart-beat on the store (``_card``), a watch of the other agents' cards while torch's join runs (a
-disagreement is raised at once, the same on every agent), and the translation of torch's bare timeout,
-closed and connection errors into messages that name the cause (``_explain``).
+disagreement is raised at once, the same on every agent), the translation of torch's bare timeout,
+closed and connection errors into messages that name the cause (``_explain``), and restarts (``_restart``): the
+failed workers published on the store, one restart count on every node, a new workers' store each round, and a
+failure past ``--max-restarts`` raised on every agent.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ from distinit.rendezvous._card import shared_machines as _shared_machines
 from distinit.rendezvous._endpoint import DEFAULT_PORT, DOCS, connection_error, open_store, resolve, wait_for_store
 from distinit.rendezvous._errors import AgentConfigMismatchError
 from distinit.rendezvous._explain import Snapshot, explain_closed, explain_timeout
+from distinit.rendezvous._restart import (
+    WorkerFailure,
+    calling_agent,
+    count_restart,
+    failures_of,
+    restart_count,
+    restart_line,
+    verdict_line,
+)
 
 logger = logging.getLogger("distinit.rendezvous")
 
@@ -130,6 +141,11 @@ class DistinitRendezvousHandler(RendezvousHandler):
         self._rounds = 0
         self._previous: tuple[str, ...] = ()
         self._warned: set[str] = set()
+        self._agent: Any | None = None  # torch's elastic agent calling this handler (see _restart)
+        self._membership = False  # the last num_nodes_waiting() answered > 0: torch restarts uncounted
+        self._uncounted = False  # ... and that restart could not be counted on this node
+        self._ended: list[WorkerFailure] = []  # another agent's failures that ended the job (closed)
+        self._closed_seen = False
 
     # -- torch's RendezvousHandler API -------------------------------------------------------------------------
 
@@ -151,7 +167,22 @@ class DistinitRendezvousHandler(RendezvousHandler):
             AgentRendezvousClosedError: another agent closed the rendezvous.
             AgentRendezvousConnectionError: the store became unreachable.
         """
-        self._log_round()
+        agent, result = calling_agent()
+        self._agent = agent or self._agent
+        ended = self._card.round
+        if self._rounds and not self._membership and result is not None and result.is_failed():
+            restart = restart_count(agent or self._agent)
+            self._publish_failures(
+                failures_of(
+                    result,
+                    agent=self._card.label,
+                    node=self._card.node,
+                    round_=ended,
+                    restart=None if restart is None else restart - 1,
+                )
+            )
+        if self._rounds:
+            self._fresh_worker_store()
         self._publish("waiting")
         self._start_beats()
         box: dict[str, Any] = {}
@@ -182,6 +213,9 @@ class DistinitRendezvousHandler(RendezvousHandler):
         self._check_round()
         self._rounds += 1
         self._publish("joined")
+        if self._rounds > 1:
+            self._log_restart(ended)
+        self._membership = self._uncounted = False
         return info
 
     def is_closed(self) -> bool:
@@ -199,7 +233,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
             AgentRendezvousConnectionError: the store stopped answering (the agent hosting it went away).
         """
         try:
-            return int(self._inner.num_nodes_waiting())
+            waiting = int(self._inner.num_nodes_waiting())
         except RendezvousConnectionError as exc:
             raise connection_error(
                 "lost",
@@ -211,17 +245,85 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 f"whole job; see {DOCS}",
                 master=self._endpoint,
             ) from exc
+        state = self._state()
+        if waiting and not self._membership:
+            self._membership = True  # torch restarts this node's workers now, without counting it
+            if any(repr(node) in self._previous for node in state.wait_list):
+                # A participant re-joins: its workers failed. Count the restart here too, so that
+                # TORCHELASTIC_RESTART_COUNT is the same on every node.
+                self._uncounted = not count_restart(self._agent)
+        elif not waiting and state.closed and not self._closed_seen:
+            self._closed_seen = True  # the failed agent publishes its failures before it closes: read once
+            self._ended = self._failures(self._card.round)
+            if self._ended:  # another agent ended the job after a failure: stop this node's workers now
+                self._acknowledge(self._card.round)
+                self._membership = True
+                return 1
+        return waiting
 
     def get_run_id(self) -> str:
         """See torch's ``RendezvousHandler.get_run_id``."""
         return str(self._inner.get_run_id())
 
     def shutdown(self) -> bool:
-        """Stop the heart-beat and close torch's rendezvous (not when a join was abandoned: it ends on its own)."""
+        """Stop the heart-beat and close torch's rendezvous (not when a join was abandoned: it ends on its own).
+
+        When this agent's workers failed with no restart left, it first publishes the failure and logs the
+        verdict; after closing, it waits (at most ``CARDS_WAIT``) until the round's other agents have read it:
+        the store may live in this agent, and they raise the same verdict.
+        """
         self._stop.set()
+        failed = self._publish_verdict()
         if self._abandoned is not None and self._abandoned.is_alive():
             return True
-        return bool(self._inner.shutdown())
+        closed = bool(self._inner.shutdown())
+        if failed:
+            self._await_acknowledgements(self._card.round)
+        return closed
+
+    def _publish_verdict(self) -> bool:
+        """If torch's agent ends with failed workers (no restart left): publish them and log the verdict."""
+        _, result = calling_agent()
+        if result is not None and result.is_failed() and not self._ended:
+            failures = failures_of(
+                result,
+                agent=self._card.label,
+                node=self._card.node,
+                round_=self._card.round,
+                restart=restart_count(self._agent),
+            )
+            self._publish_failures(failures)
+            self._publish("failed")
+            logger.error(
+                "%s",
+                verdict_line(
+                    run_id=self._card.run_id,
+                    round_=self._card.round,
+                    failures=failures,
+                    max_restarts=self._card.max_restarts,
+                ),
+                extra={"distinit": {"event": "rendezvous.verdict", "round": self._card.round}},
+            )
+            return True
+        return False
+
+    def _acknowledge(self, round_: int) -> None:
+        try:
+            self._store.add(f"{PREFIX}/verdict-read/{round_}", 1)
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("could not acknowledge the verdict of round %d: %s", round_, exc)
+
+    def _await_acknowledgements(self, round_: int) -> None:
+        others = len(self._previous) - 1
+        deadline = time.monotonic() + CARDS_WAIT
+        try:
+            while int(self._store.add(f"{PREFIX}/verdict-read/{round_}", 0)) < others:
+                if time.monotonic() > deadline:
+                    logger.debug("%d agent(s) did not read the verdict of round %d in time", others, round_)
+                    return
+                time.sleep(POLL)
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("could not wait for the verdict to be read: %s", exc)
 
     # -- cards and heart-beats ---------------------------------------------------------------------------------
 
@@ -353,25 +455,65 @@ class DistinitRendezvousHandler(RendezvousHandler):
         self._warned.add(key)
         logger.warning(message, *args, extra={"distinit": {"event": "rendezvous.note", "about": key}})
 
-    def _log_round(self) -> None:
-        if self._rounds == 0:
+    def _fresh_worker_store(self) -> None:
+        """Give the next round's workers a new TCPStore (torch reuses the first round's for every round).
+
+        With ``use_agent_store``, torch's handler serves the workers' store from the agent of the first round's
+        rank 0 and hands the same address to every later round, keys and all. The workers' keys carry no round,
+        so a restarted worker reads its peers' addresses from the dead round and gloo fails with ``Connection
+        refused`` or waits on a peer that never comes. Forgetting the server makes torch start a new one for the
+        new round (on its new rank 0) and publish its port under the round's prefix.
+        """
+        if not self.use_agent_store or not hasattr(self._inner, "_bootstrap_store_info"):
             return
-        waiting = self.num_nodes_waiting()
-        reason = (
-            f"{waiting} node(s) asked to join (scale-up)"
-            if waiting
-            else "the worker group failed or a node left (see the agent log above for the failed rank)"
+        self._inner._bootstrap_store_info = None
+        self._inner._shared_tcp_store_server = None
+
+    def _log_restart(self, ended: int) -> None:
+        count = restart_count(self._agent)
+        line = restart_line(
+            run_id=self._card.run_id,
+            ended=ended,
+            formed=self._card.round,
+            nodes=len(self._previous),
+            failures=self._failures(ended),
+            count=count,
+            max_restarts=self._card.max_restarts,
+            uncounted=self._uncounted,
         )
         logger.warning(
-            "rendezvous %r: re-rendezvous after round %d (%d node(s)) ended: %s; restart %d of --max-restarts=%s",
-            self._card.run_id,
-            self._card.round,
-            len(self._previous),
-            reason,
-            self._rounds,
-            self._card.max_restarts if self._card.max_restarts is not None else "?",
-            extra={"distinit": {"event": "rendezvous.restart", "round": self._card.round, "restart": self._rounds}},
+            "%s",
+            line,
+            extra={"distinit": {"event": "rendezvous.restart", "round": self._card.round, "restart": count}},
         )
+
+    def _publish_failures(self, failures: list[WorkerFailure]) -> None:
+        """This agent's failed workers of a round, as JSON on the store (before it re-joins or leaves)."""
+        if self._index is None or not failures:
+            return
+        payload = json.dumps([failure.model_dump() for failure in failures])
+        try:
+            self._store.set(f"{PREFIX}/failure/{failures[0].round}/{self._index}", payload)
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("could not publish this agent's failed workers: %s", exc)
+
+    def _failures(self, round_: int) -> list[WorkerFailure]:
+        """Every agent's published failures of round ``round_`` (JSON; a record that does not validate is skipped)."""
+        try:
+            count = int(self._store.add(f"{PREFIX}/count", 0))
+            keys = [f"{PREFIX}/failure/{round_}/{i}" for i in range(1, count + 1)]
+            present = [key for key in keys if self._store.check([key])]
+            values = self._store.multi_get(present) if present else []
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("could not read the failed workers of round %d: %s", round_, exc)
+            return []
+        found: list[WorkerFailure] = []
+        for value in values:
+            try:
+                found.extend(WorkerFailure.model_validate(item) for item in json.loads(value))
+            except (ValueError, ValidationError, UnicodeDecodeError, TypeError) as exc:
+                logger.debug("skipping a failure record on the store: %s", exc)
+        return found
 
     def _state(self) -> Any:
         return self._inner._state_holder.state
@@ -402,8 +544,19 @@ class DistinitRendezvousHandler(RendezvousHandler):
             )
             raise explain_timeout(snap) from error
         if isinstance(error, RendezvousClosedError):
+            failures = self._ended or self._failures(self._card.round)
+            ended = (
+                verdict_line(
+                    run_id=self._card.run_id,
+                    round_=self._card.round,
+                    failures=failures,
+                    max_restarts=self._card.max_restarts,
+                )
+                if failures
+                else None
+            )
             raise explain_closed(
-                self._card.run_id, self._endpoint, int(self._state().round), self._job_cards()
+                self._card.run_id, self._endpoint, int(self._state().round), self._job_cards(), ended=ended
             ) from error
         if isinstance(error, RendezvousConnectionError):
             fatal = [d for d in disagreements(self._watched(), shared_endpoint=self._shared_endpoint) if d.fatal]

@@ -85,8 +85,9 @@ class Agents:
         extra: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         prefix: Sequence[str] = (),
+        script: Path = TRAIN,
     ) -> Agent:
-        """Start ``torchrun`` for :data:`TRAIN` with these flags; output goes to ``<tmp>/<name>.log``."""
+        """Start ``torchrun`` for ``script`` (:data:`TRAIN`) with these flags; output goes to ``<tmp>/<name>.log``."""
         log = self.tmp / f"{name}.log"
         command = [
             *prefix,
@@ -99,7 +100,7 @@ class Agents:
             f"--rdzv-conf={FAST_CONF},{conf}",
             "--monitor-interval=0.2",
             *extra,
-            str(TRAIN),
+            str(script),
         ]
         environ = {**os.environ, "DISTINIT_TEST_MARKS": str(self.marks), "OMP_NUM_THREADS": "1", **(env or {})}
         with open(log, "wb") as out:

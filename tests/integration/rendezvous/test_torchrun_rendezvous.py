@@ -41,17 +41,16 @@ def test_happy_path_forms_one_world(agents: Agents, port: int, count: int) -> No
 
 
 def test_max_restarts_re_rendezvous_and_names_the_round(agents: Agents, port: int) -> None:
-    # Every worker fails once (distinit.setup() ran in each). With one failing worker, a healthy agent that sees
-    # the failed node waiting restarts as a membership change, which torch does not count:
-    # TORCHELASTIC_RESTART_COUNT then differs between the nodes and the workers' store prefixes never meet
-    # (c10d does the same; see docs/torchrun.md).
+    # Every worker fails once (distinit.setup() ran in each). One failing worker with a healthy peer, and a
+    # failure past --max-restarts: test_torchrun_restart.py.
     env = {"DISTINIT_TEST_FAIL_ONCE": "all"}
     started = [agents.start(f"a{i}", f"127.0.0.1:{port}", extra=["--max-restarts=1"], env=env) for i in range(2)]
     for agent in started:
         rc, text, _ = agent.wait(120)
         assert rc == 0, text[-3000:]
         _ok(text, 2, restart="1")
-        assert "re-rendezvous after round 0" in text, text[-3000:]
+        assert "rendezvous 'job': round 0 ended: the worker group failed: rank " in text, text[-3000:]
+        assert "restart 1 of --max-restarts=1 (TORCHELASTIC_RESTART_COUNT=1)" in text, text[-3000:]
 
 
 def test_agent_never_started_is_named_at_join_timeout(agents: Agents, port: int) -> None:
