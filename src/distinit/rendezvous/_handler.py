@@ -51,6 +51,12 @@ logger = logging.getLogger("distinit.rendezvous")
 
 #: How often the waiting agent reads the other agents' cards (seconds).
 POLL = 0.25
+#: The largest agent card read (a card is about 1 KB); a larger value is skipped unparsed.
+MAX_CARD_BYTES = 64 << 10
+#: A heartbeat further than this in the reader's future is no heartbeat (clock skew between hosts is less).
+MAX_SKEW = 60.0
+
+
 #: How long a joined agent waits for the cards of the round's other participants (published before joining).
 CARDS_WAIT = 10.0
 #: Default of --rdzv-conf connect_timeout: how long a refused endpoint is waited on (the host agent may be late).
@@ -134,6 +140,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
         self._beat_interval = beat_interval
         self._index: int | None = None
         self._cards: dict[int, AgentCard] = {}
+        self._too_many = False  # the card counter was past card_limit (said once)
         self._beats: dict[int, float] = {}
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
@@ -361,7 +368,21 @@ class DistinitRendezvousHandler(RendezvousHandler):
         """
         try:
             count = int(self._store.add(f"{PREFIX}/count", 0))
-            new = [i for i in range(1, count + 1) if i != self._index and i not in self._cards]
+            limit = card_limit(self._card.max_nodes)
+            if count > limit and not self._too_many:
+                # Something other than the job's agents counted (a store client's add(count, 10**6)): reading
+                # every index would hang the agent and could exhaust its memory. Say so once, read the first.
+                self._too_many = True
+                logger.warning(
+                    "rendezvous: the store counts %d agent cards, more than --nnodes=%d allows (%d read, the rest "
+                    "ignored): another program writes to this rendezvous's store (%s)",
+                    count,
+                    self._card.max_nodes,
+                    limit,
+                    f"{PREFIX}/count",
+                    extra={"distinit": {"event": "rendezvous.too_many_cards", "count": count, "limit": limit}},
+                )
+            new = [i for i in range(1, min(count, limit) + 1) if i != self._index and i not in self._cards]
             arrived = [i for i in new if self._store.check([f"{PREFIX}/card/{i}", f"{PREFIX}/beat/{i}"])]
             present = [*self._cards, *arrived]
             if not present:
@@ -373,9 +394,13 @@ class DistinitRendezvousHandler(RendezvousHandler):
             return
         for n, index in enumerate(present):
             try:
+                if len(values[n]) > MAX_CARD_BYTES:  # a card is about 1 KB: never parse a bomb
+                    raise ValueError(f"{len(values[n])} bytes, over {MAX_CARD_BYTES}")
                 self._cards[index] = AgentCard.model_validate(json.loads(values[n]))
-                self._beats[index] = float(values[len(present) + n])
-            except (ValueError, ValidationError, UnicodeDecodeError) as exc:
+                beat = float(values[len(present) + n])
+                # A beat from the future (beyond clock skew) is no beat: it would never go stale.
+                self._beats[index] = beat if beat <= time.time() + MAX_SKEW else 0.0
+            except (ValueError, ValidationError, UnicodeDecodeError, RecursionError) as exc:
                 logger.debug("skipping agent card %d on the store: %s", index, exc)
 
     def _poll_interval(self) -> float:
@@ -572,3 +597,11 @@ class DistinitRendezvousHandler(RendezvousHandler):
 
 def _is_participant(card: AgentCard, participants: tuple[str, ...]) -> bool:
     return any(node.startswith(f"{card.node}_{card.pid}_") for node in participants)
+
+
+def card_limit(max_nodes: int) -> int:
+    """How many agent cards an agent reads at most (never what a stray ``add`` on the counter says).
+
+    The agents of this job (a restarted agent registers again) and a few of other jobs sharing the store.
+    """
+    return 4 * max(1, max_nodes) + 64

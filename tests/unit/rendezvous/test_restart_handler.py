@@ -4,12 +4,16 @@ when a closed rendezvous stops a healthy node's workers."""
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from distinit.rendezvous._card import PREFIX, AgentCard
-from distinit.rendezvous._handler import DistinitRendezvousHandler
+from distinit.rendezvous._handler import MAX_CARD_BYTES, DistinitRendezvousHandler, card_limit
 from distinit.rendezvous._restart import WorkerFailure
 
 
@@ -141,3 +145,72 @@ def test_closed_after_success_leaves_the_workers_alone() -> None:
     made = handler(inner, store, agent(remaining=1))
     assert made.num_nodes_waiting() == 0
     assert made.num_nodes_waiting() == 0
+
+
+# --- attacks on the cards (issue 33, items 1, 2, 4): a huge counter, a card bomb, a beat from the future
+
+
+def _card(node: str) -> str:
+    return json.dumps(
+        {
+            "run_id": "job",
+            "node": node,
+            "pid": 7,
+            "hostname": "h1",
+            "torch": "2.13.0",
+            "python": "3.11.9",
+            "distinit": "0",
+            "min_nodes": 2,
+            "max_nodes": 2,
+            "max_restarts": 1,
+            "started": 0.0,
+        }
+    )
+
+
+class CountingStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked = 0
+
+    def check(self, keys: list[str]) -> bool:
+        self.checked += 1
+        return super().check(keys)
+
+
+def test_a_counter_pushed_to_a_million_reads_a_bounded_number_of_cards(caplog: pytest.LogCaptureFixture) -> None:
+    store = CountingStore()
+    store.set(f"{PREFIX}/count", str(10**6))
+    made = handler(FakeInner(), store, agent(remaining=1))
+    started = time.process_time()
+    with caplog.at_level(logging.WARNING, logger="distinit.rendezvous"):
+        made._refresh()
+        made._refresh()
+    assert store.checked <= 2 * card_limit(2)
+    assert time.process_time() - started < 5.0
+    warned = [r for r in caplog.records if "more than --nnodes=2 allows" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("value", ["[" * 100_000 + "]" * 100_000, "x" * (MAX_CARD_BYTES + 1)], ids=["deep", "big"])
+def test_a_card_bomb_is_skipped_not_raised(value: str) -> None:
+    store = FakeStore()
+    store.set(f"{PREFIX}/count", "2")
+    store.set(f"{PREFIX}/card/2", value)
+    store.set(f"{PREFIX}/beat/2", str(time.time()))
+    made = handler(FakeInner(), store, agent(remaining=1))
+    made._refresh()
+    assert 2 not in made._cards
+
+
+def test_a_beat_from_the_future_never_keeps_a_card_fresh() -> None:
+    store = FakeStore()
+    store.set(f"{PREFIX}/count", "3")
+    store.set(f"{PREFIX}/card/2", _card("n1_7_0"))
+    store.set(f"{PREFIX}/beat/2", "1e18")
+    store.set(f"{PREFIX}/card/3", _card("n2_8_0"))
+    store.set(f"{PREFIX}/beat/3", str(time.time()))
+    made = handler(FakeInner(), store, agent(remaining=1))
+    made._refresh()
+    assert 2 in made._cards and not made._fresh(2)
+    assert made._fresh(3)
