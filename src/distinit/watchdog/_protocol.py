@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from distinit.watchdog._proc import read_environ
+
 #: The environment variable naming the watchdog directory (server and workers must agree on it).
 ENV_VAR = "DISTINIT_WATCHDOG"
 #: The server's Unix socket, inside the watchdog directory.
@@ -31,8 +33,6 @@ HELLO = b"DWDG1\n"
 MAX_REPLY_BYTES = 4096
 #: The longest identity line a server reads after the hello.
 MAX_IDENTITY_BYTES = 256
-# The most of /proc/<pid>/environ read for the rank cross-check.
-_MAX_ENVIRON_BYTES = 1 << 20
 # Where each identity field comes from, first set wins: torchrun/distinit, then Slurm, then Open MPI.
 _IDENTITY_ENV = {
     "rank": ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"),
@@ -66,16 +66,8 @@ class Identity:
         the environment the process *started* with: a rank exported later (``os.environ[...] = ...``) is not
         in it, so only a value present here and different from the claimed one is a disagreement.
         """
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                raw = fh.read(_MAX_ENVIRON_BYTES + 1)
-        except OSError:
-            return None
-        if len(raw) > _MAX_ENVIRON_BYTES:
-            return None
-        pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-        environ = {k.decode("ascii", "replace"): v.decode("ascii", "replace") for k, _, v in pairs}
-        return cls.from_env(environ)
+        environ = read_environ(pid)
+        return None if environ is None else cls.from_env(environ)
 
     @classmethod
     def from_facts(cls, facts: Mapping[str, object]) -> Identity:
