@@ -176,7 +176,7 @@ class Rendezvous:
 
         ``watch_init``: gloo may meet the loopback trap here, so a peer's verdict is watched for during init.
         """
-        self.start = time.monotonic()
+        self.start = bounds.started or time.monotonic()  # the deadline counts from the public call
         self.bounds, self.backend, self.backoff = bounds, backend, backoff
         self.deadline_at = self.start + bounds.deadline
         self.rank, self.world_size = env.rank, env.world_size

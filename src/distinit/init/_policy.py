@@ -153,10 +153,14 @@ class Bounds:
     deadline: float
     attempt_timeout: float
     pg_timeout: float | None
+    #: When the call began (monotonic; 0: when the rendezvous starts): the deadline counts from the call, so
+    #: what setup() does before the attempts (resolving the world, imports on first use, waiting for an
+    #: abandoned call to wind down) is inside it, not added to it.
+    started: float = 0.0
 
     @classmethod
     def of(cls, *, deadline: object, attempt_timeout: object, pg_timeout: object) -> Bounds:
-        """Validate the caller's arguments (seconds or ``timedelta``).
+        """Validate the caller's arguments (seconds or ``timedelta``), now: the deadline counts from here.
 
         Raises:
             TypeError: a value is not a number of seconds or a ``timedelta`` (``"600"`` and ``True`` included).
@@ -166,6 +170,7 @@ class Bounds:
             deadline=to_seconds(deadline, "deadline", allow_inf=True),
             attempt_timeout=to_seconds(attempt_timeout, "attempt_timeout", allow_inf=True),
             pg_timeout=None if pg_timeout is None else to_seconds(pg_timeout, "pg_timeout", allow_inf=True),
+            started=time.monotonic(),
         )
 
     def init_timeout(self) -> timedelta | None:
