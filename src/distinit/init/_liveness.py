@@ -315,6 +315,7 @@ class Liveness:
                     self._who[0] = text(self.store.get("who/0"))
                 if self.rank == 0 and self.finding is None:
                     self.finding = self._board.read()
+                    self._announce()
                 self._seq += 1
                 mark = MARK if self.rank == 0 and self.finding is not None else ""
                 self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}{mark}")
@@ -341,6 +342,21 @@ class Liveness:
             self.finding = self._board.read()
             if self.finding is not None:
                 self._board.acknowledge()
+                self._announce()
+
+    def _announce(self) -> None:
+        """The watch thread learnt the finding: say it now, while this rank may still wait in a collective.
+
+        A rank whose collective fails only when another survivor exits (or never, under NCCL until its timeout)
+        is told at once; its own exit repeats the same words.
+        """
+        if self.finding is not None and threading.current_thread() is self._thread:
+            logger.warning(
+                "rank %d: (its liveness watch, while this rank may still wait in a collective) a peer went away: %s",
+                self.rank,
+                self.finding,
+                extra={"distinit": {"event": "init.peer_named", "rank": self.rank}},
+            )
 
     def _silent(self, ranks: list[int], seen: dict[int, tuple[bytes, float]], stale: float) -> list[_Silent]:
         """The ``ranks`` whose beat has not changed for ``stale`` s as seen here (``seen`` is updated)."""

@@ -3,7 +3,7 @@
 argv: a JSON spec (``dir``: the test's tmp dir; ``hold``: "spin" to hold the GIL in a thread after setup;
 ``mode``: "finish" for a normal end, rank 0 working ``work`` s longer than the others; ``raise``: rank
 ``raiser`` raises ValueError after the go). Each rank writes what distinit logs about who went away to
-``finding<rank>.json`` (the message and its time).
+``finding<rank>.json`` (the first such message and its time).
 Uncaught errors end the process as a user's script would (traceback, atexit teardown).
 """
 
@@ -31,9 +31,10 @@ class _Findings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         info = getattr(record, "distinit", {})
-        if info.get("event") in ("init.peer_closed", "init.own_failure"):
-            line = {"rank": info["rank"], "at": record.created, "message": record.getMessage()}
-            (self.where / f"finding{info['rank']}.json").write_text(json.dumps(line))
+        path = self.where / f"finding{info.get('rank')}.json"
+        if info.get("event") in ("init.peer_closed", "init.own_failure", "init.peer_named") and not path.exists():
+            line = {"rank": info["rank"], "at": record.created, "message": record.getMessage()}  # the first
+            path.write_text(json.dumps(line))
 
 
 def main() -> None:
