@@ -75,8 +75,9 @@ def explain_timeout(snap: Snapshot) -> AgentRendezvousTimeoutError:
     alive = [card for card in snap.cards if card not in lost_cards]
     lines = [
         f"the rendezvous {snap.run_id!r} at {snap.endpoint} did not complete round {snap.round} in {snap.waited:.1f} s "
-        f"(join_timeout={snap.join_timeout:g} s): {len(alive)} of --nnodes={_nnodes(snap)} agents came, "
-        f"{len(snap.participants)} in the round at the end."
+        f"(join_timeout={snap.join_timeout:g} s): {len(alive)} of --nnodes={_nnodes(snap)} agents came "
+        f"(heart-beating on the store); {len(snap.participants)} had joined torch's round {snap.round} when it timed "
+        + ("out." if len(snap.participants) >= len(alive) else "out (the others that came wait elsewhere: see below).")
     ]
     if alive:
         lines.append("  came: " + _names([f"{c.label} (node {c.node}, since {_clock(c.started)})" for c in alive]))
