@@ -30,6 +30,8 @@ DIGESTED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
 PREFIX = "distinit.torchrun"
 
 Status = Literal["waiting", "joined", "failed"]
+#: A card's heart-beat as the reader sees it: recent, old (a dead agent's card stays), or beyond clock skew.
+Beat = Literal["fresh", "stale", "future"]
 
 
 class AgentCard(BaseModel):
@@ -55,6 +57,7 @@ class AgentCard(BaseModel):
     started: float  # wall-clock time.time() of the agent's first rendezvous
     status: Status = "waiting"
     round: int = 0
+    store_host: bool = False  # this agent hosts the rendezvous store (the job ends when it leaves)
 
     @property
     def label(self) -> str:
@@ -85,6 +88,7 @@ def local_card(
     nproc_per_node: int | None,
     max_restarts: int | None,
     environ: Mapping[str, str] | None = None,
+    store_host: bool = False,
 ) -> AgentCard:
     """This agent's card (a few reads from /proc, no network)."""
     import torch
@@ -113,6 +117,7 @@ def local_card(
         max_restarts=max_restarts,
         env=env_digest(env),
         started=time.time(),
+        store_host=store_host,
     )
 
 
@@ -218,3 +223,45 @@ def shared_machines(cards: Sequence[AgentCard]) -> list[tuple[str, ...]]:
     for card in cards:
         groups.setdefault((card.run_id, card.machine), []).append(card.label)
     return [tuple(labels) for labels in groups.values() if len(labels) > 1]
+
+
+def claims(card: AgentCard, nodes: Sequence[str]) -> bool:
+    """Whether ``card`` names one of torch's node descriptors (``addr_pid_localid``) in ``nodes``."""
+    return any(node.startswith(f"{card.node}_{card.pid}_") for node in nodes)
+
+
+def round_cards(
+    own: AgentCard,
+    others: Sequence[tuple[AgentCard, Beat]],
+    participants: Sequence[str],
+    *,
+    formed: bool,
+    waiting: Sequence[str] = (),
+) -> tuple[list[AgentCard], list[AgentCard]]:
+    """``(cards that may fail the round, foreign cards)``. Pure.
+
+    Any store client can write a card, so only torch's own members count: the first list holds ``own`` and the one
+    card of each other participant of torch's round (``participants``: torch's node descriptors, as torch decoded
+    them). Foreign (to be reported, never a verdict): a card with a heart-beat beyond clock skew (it would never
+    go stale), a card that names this agent, every card when several name one participant (which is the agent's
+    own is unknowable), and, once the round ``formed``, a live card of this job that is neither a participant nor
+    in torch's ``waiting`` list. Stale cards (dead agents) and live cards of other jobs or of agents not joined
+    yet are neither.
+    """
+    mine = f"{own.node}_{own.pid}_"
+    by_member: dict[str, list[AgentCard]] = {}
+    foreign: list[AgentCard] = []
+    for card, beat in others:
+        if beat == "stale":
+            continue
+        member = f"{card.node}_{card.pid}_"
+        if beat == "future" or member == mine:
+            foreign.append(card)
+        elif claims(card, participants) and card.run_id == own.run_id:
+            by_member.setdefault(member, []).append(card)
+        elif claims(card, participants) or (formed and card.run_id == own.run_id and not claims(card, waiting)):
+            foreign.append(card)
+    members = [own]
+    for found in by_member.values():
+        (members if len(found) == 1 else foreign).extend(found)
+    return members, foreign

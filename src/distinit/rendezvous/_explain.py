@@ -13,7 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from distinit.rendezvous._card import AgentCard
-from distinit.rendezvous._errors import AgentRendezvousClosedError, AgentRendezvousTimeoutError
+from distinit.rendezvous._errors import (
+    AgentRendezvousClosedError,
+    AgentRendezvousConnectionError,
+    AgentRendezvousTimeoutError,
+)
 
 DOCS = "docs/torchrun.md#troubleshooting"
 #: At most this many agents are named per line.
@@ -140,3 +144,44 @@ def explain_closed(
         master=endpoint,
         generation=round_,
     )
+
+
+def explain_lost(
+    endpoint: str, own: AgentCard, cards: Sequence[AgentCard], *, round_: int, waiting: bool
+) -> AgentRendezvousConnectionError:
+    """The store answered this agent, then stopped: its host agent left. Pure.
+
+    ``cards``: the other agents' cards read while the store answered. The one that published ``store_host`` is
+    named as the agent that left; every agent whose card was read came (none is ever called "never started").
+    """
+    hosts = [card for card in cards if card.store_host and card.label != own.label]
+    doing = f"waited for round {round_}" if waiting else f"ran round {round_}"
+    if hosts:
+        host = _names([f"{c.label} (node {c.node}, since {_clock(c.started)})" for c in hosts])
+        what = (
+            f"the rendezvous store at {endpoint} stopped answering while this agent ({own.label}) {doing}: the "
+            f"agent hosting it, {host}, left."
+        )
+        why = (
+            f"the agent hosting the store ({', '.join(c.label for c in hosts)}) exited or was killed after it came: "
+            "with the c10d store the job cannot outlive that agent"
+        )
+        where = f"on {', '.join(sorted({c.hostname for c in hosts}))}"
+    else:
+        what = f"the rendezvous store at {endpoint} stopped answering while this agent ({own.label}) {doing}."
+        why = (
+            "the agent hosting the store (on the endpoint's node) exited or was killed: with the c10d store the job "
+            "cannot outlive that agent"
+        )
+        where = "on the endpoint's node"
+    came = [c for c in cards if c not in hosts and c.label != own.label]
+    if came:
+        what += "\n  came before: " + _names([f"{c.label} (node {c.node})" for c in came])
+    exc = AgentRendezvousConnectionError(
+        what,
+        why=why,
+        fix=f"look at the torchrun log {where} for why it stopped; keep that node up for the whole job; see {DOCS}",
+        master=endpoint,
+    )
+    exc.kind = "lost"
+    return exc

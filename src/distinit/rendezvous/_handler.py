@@ -32,11 +32,20 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend, create_backend
 
 from distinit._net import is_loopback
-from distinit.rendezvous._card import PREFIX, AgentCard, Disagreement, disagreements, launch_flags, local_card
+from distinit.rendezvous._card import (
+    PREFIX,
+    AgentCard,
+    Beat,
+    Disagreement,
+    disagreements,
+    launch_flags,
+    local_card,
+    round_cards,
+)
 from distinit.rendezvous._card import shared_machines as _shared_machines
-from distinit.rendezvous._endpoint import DEFAULT_PORT, DOCS, connection_error, open_store, resolve, wait_for_store
+from distinit.rendezvous._endpoint import DEFAULT_PORT, open_store, resolve, wait_for_store
 from distinit.rendezvous._errors import AgentConfigMismatchError
-from distinit.rendezvous._explain import Snapshot, explain_closed, explain_timeout
+from distinit.rendezvous._explain import Snapshot, explain_closed, explain_lost, explain_timeout
 from distinit.rendezvous._restart import (
     WorkerFailure,
     calling_agent,
@@ -71,10 +80,11 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
     Raises:
         AgentRendezvousConnectionError: the endpoint is unusable; the message says why.
     """
+    store_host = False
     if (params.get("store_type", "tcp") or "tcp").strip().lower() != "tcp":
         backend, store = create_backend(params)  # a FileStore: nothing to probe
     else:
-        store, _ = open_store(
+        store, decision = open_store(
             params.endpoint,
             configured_host=params.get_as_bool("is_host"),
             read_timeout=params.get_as_int("read_timeout", 60) or 60,
@@ -82,6 +92,7 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
             max_nodes=params.max_nodes,
         )
         backend = C10dRendezvousBackend(store, params.run_id)
+        store_host = decision.host
     inner = dynamic_rendezvous.create_handler(store, backend, params)
     node = getattr(getattr(inner, "_this_node", None), "addr", None) or params.local_addr or socket.getfqdn()
     nproc, max_restarts = launch_flags()
@@ -92,6 +103,7 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
         max_nodes=params.max_nodes,
         nproc_per_node=nproc,
         max_restarts=max_restarts,
+        store_host=store_host,
     )
     endpoint_host = params.endpoint.rpartition(":")[0] or params.endpoint
     if params.max_nodes > 1 and not all(is_loopback(ip) for ip in resolve(endpoint_host)):
@@ -142,6 +154,9 @@ class DistinitRendezvousHandler(RendezvousHandler):
         self._cards: dict[int, AgentCard] = {}
         self._too_many = False  # the card counter was past card_limit (said once)
         self._beats: dict[int, float] = {}
+        self._future: set[int] = set()  # cards whose beat is beyond clock skew (never fresh, never stale)
+        self._answered = False  # the store answered this agent once
+        self._unanswered = 0  # store calls that failed since the last one that answered
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
         self._abandoned: threading.Thread | None = None
@@ -206,7 +221,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
         while thread.is_alive():
             thread.join(self._poll_interval())
             self._refresh()
-            fatal = [d for d in disagreements(self._watched(), shared_endpoint=self._shared_endpoint) if d.fatal]
+            fatal = self._verdict_while_waiting()
             if fatal:
                 self._abandoned = thread  # torch's join ends at its own deadline; this agent leaves now
                 # The store may live in this agent: stay a moment so the others read the same cards (this
@@ -242,16 +257,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
         try:
             waiting = int(self._inner.num_nodes_waiting())
         except RendezvousConnectionError as exc:
-            raise connection_error(
-                "lost",
-                f"the rendezvous store at {self._endpoint} stopped answering while this agent ({self._card.label}) "
-                f"ran round {self._card.round}.",
-                why="the agent hosting the store (on the endpoint's node) exited or was killed: with the c10d store "
-                "the job cannot outlive that agent",
-                fix="look at the torchrun log on the endpoint's node for why it stopped; keep that node up for the "
-                f"whole job; see {DOCS}",
-                master=self._endpoint,
-            ) from exc
+            raise self._lost(waiting=False) from exc
         state = self._state()
         if waiting and not self._membership:
             self._membership = True  # torch restarts this node's workers now, without counting it
@@ -344,7 +350,10 @@ class DistinitRendezvousHandler(RendezvousHandler):
             self._store.set(f"{PREFIX}/card/{self._index}", self._card.model_dump_json())
             self._store.set(f"{PREFIX}/beat/{self._index}", str(time.time()))
         except (RuntimeError, ValueError) as exc:  # the consensus is best effort; torch's join reports the store
+            self._unanswered += 1
             logger.debug("could not publish this agent's card: %s", exc)
+        else:
+            self._answered, self._unanswered = True, 0
 
     def _start_beats(self) -> None:
         if self._beater is not None or self._index is None:
@@ -356,6 +365,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 try:
                     self._store.set(key, str(time.time()))
                 except (RuntimeError, ValueError) as exc:  # torch's keep-alive reports a lost store
+                    self._unanswered += 1
                     logger.debug("heart-beat to the rendezvous store failed: %s", exc)
 
         self._beater = threading.Thread(target=beat, name="distinit-rendezvous-beat", daemon=True)
@@ -368,6 +378,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
         """
         try:
             count = int(self._store.add(f"{PREFIX}/count", 0))
+            self._answered, self._unanswered = True, 0
             limit = card_limit(self._card.max_nodes)
             if count > limit and not self._too_many:
                 # Something other than the job's agents counted (a store client's add(count, 10**6)): reading
@@ -390,6 +401,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
             keys = [f"{PREFIX}/card/{i}" for i in present] + [f"{PREFIX}/beat/{i}" for i in present]
             values = self._store.multi_get(keys)
         except (RuntimeError, ValueError) as exc:
+            self._unanswered += 1
             logger.debug("could not read the other agents' cards: %s", exc)
             return
         for n, index in enumerate(present):
@@ -399,7 +411,9 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 self._cards[index] = AgentCard.model_validate(json.loads(values[n]))
                 beat = float(values[len(present) + n])
                 # A beat from the future (beyond clock skew) is no beat: it would never go stale.
-                self._beats[index] = beat if beat <= time.time() + MAX_SKEW else 0.0
+                future = beat > time.time() + MAX_SKEW
+                self._beats[index] = 0.0 if future else beat
+                (self._future.add if future else self._future.discard)(index)
             except (ValueError, ValidationError, UnicodeDecodeError, RecursionError) as exc:
                 logger.debug("skipping agent card %d on the store: %s", index, exc)
 
@@ -409,6 +423,14 @@ class DistinitRendezvousHandler(RendezvousHandler):
 
     def _fresh(self, index: int) -> bool:
         return self._beats.get(index, 0.0) >= time.time() - 3 * self._beat_interval
+
+    def _beat(self, index: int) -> Beat:
+        if index in self._future:
+            return "future"
+        return "fresh" if self._fresh(index) else "stale"
+
+    def _others(self) -> list[tuple[AgentCard, Beat]]:
+        return [(card, self._beat(index)) for index, card in sorted(self._cards.items())]
 
     def _watched(self) -> list[AgentCard]:
         """This agent, its job's live agents, and other jobs' live waiting agents (for the ``--rdzv-id`` check).
@@ -424,7 +446,52 @@ class DistinitRendezvousHandler(RendezvousHandler):
         return cards
 
     def _job_cards(self) -> list[AgentCard]:
-        return [self._card, *(card for card in self._cards.values() if card.run_id == self._card.run_id)]
+        """This agent and the cards of its job (never one whose beat is from the future: a forged card)."""
+        others = (card for i, card in self._cards.items() if card.run_id == self._card.run_id and i not in self._future)
+        return [self._card, *others]
+
+    def _report_foreign(self, foreign: list[AgentCard]) -> None:
+        """Say once per card that a card on the store is no member of torch's round (it never fails the round)."""
+        for card in foreign:
+            key = f"foreign:{card.label}:{card.run_id}:{card.node}"
+            if key in self._warned:
+                continue
+            self._warned.add(key)
+            logger.warning(
+                "rendezvous %r: a foreign card on the store: %s (node %s, --rdzv-id %r, torch %s) is no agent of "
+                "torch's round, or claims one that has its own card; ignored (only the round's participants can "
+                "fail it). Another program writes to this rendezvous's store (%s/card/...)",
+                self._card.run_id,
+                card.label,
+                card.node,
+                card.run_id,
+                card.torch,
+                PREFIX,
+                extra={"distinit": {"event": "rendezvous.foreign_card", "card": card.label}},
+            )
+
+    def _verdict_while_waiting(self) -> list[Disagreement]:
+        """The fatal disagreements among torch's participants of the round being joined; others are reported."""
+        participants = tuple(repr(node) for node in self._state().participants)
+        members, foreign = round_cards(self._card, self._others(), participants, formed=False)
+        self._report_foreign(foreign)
+        fatal = [d for d in disagreements(members) if d.fatal]
+        if not fatal:
+            for d in disagreements(self._watched(), shared_endpoint=self._shared_endpoint):
+                if d.fatal:
+                    self._warn_once(
+                        f"waiting:{d.field}",
+                        "rendezvous %r: cards on the store disagree with this agent (%s), not fatal: not all of "
+                        "these agents are in torch's round, and only its participants can fail it: %s",
+                        self._card.run_id,
+                        self._card.label,
+                        d.describe(),
+                    )
+        return fatal
+
+    def _lost(self, *, waiting: bool) -> Exception:
+        """The store stopped answering: name the agent that hosted it (from the cards read while it answered)."""
+        return explain_lost(self._endpoint, self._card, self._job_cards()[1:], round_=self._card.round, waiting=waiting)
 
     # -- verdicts ----------------------------------------------------------------------------------------------
 
@@ -450,14 +517,17 @@ class DistinitRendezvousHandler(RendezvousHandler):
 
     def _check_round(self) -> None:
         """After a round formed: every participant's card agrees with ours, the same verdict on every agent."""
-        participants = tuple(repr(node) for node in self._state().participants)
+        state = self._state()
+        participants = tuple(repr(node) for node in state.participants)
+        waiting = tuple(repr(node) for node in state.wait_list)
         deadline = time.monotonic() + CARDS_WAIT
         while True:
             self._refresh()
-            cards = [card for card in self._job_cards() if _is_participant(card, participants)]
+            cards, foreign = round_cards(self._card, self._others(), participants, formed=True, waiting=waiting)
             if len(cards) >= len(participants) or time.monotonic() > deadline:
                 break
             time.sleep(POLL)
+        self._report_foreign(foreign)
         found = disagreements(cards)
         fatal = [d for d in found if d.fatal]
         if fatal:
@@ -545,11 +615,18 @@ class DistinitRendezvousHandler(RendezvousHandler):
 
     def _fail(self, error: BaseException, waited: float) -> None:
         self._refresh()
+        lost = self._answered and self._unanswered > 0  # the store answered, then stopped: its host left
+        if lost and isinstance(error, RendezvousTimeoutError):
+            raise self._lost(waiting=True) from error
         if isinstance(error, RendezvousTimeoutError):
             self._publish("failed")
             state = self._state()
             now = time.time()
-            mine = [(i, card) for i, card in self._cards.items() if card.run_id == self._card.run_id]
+            mine = [
+                (i, card)
+                for i, card in self._cards.items()
+                if card.run_id == self._card.run_id and i not in self._future
+            ]
             cards = [self._card, *(card for _, card in mine)]
             beats = {0: now, **{n: self._beats.get(i, card.started) for n, (i, card) in enumerate(mine, start=1)}}
             snap = Snapshot(
@@ -584,19 +661,19 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 self._card.run_id, self._endpoint, int(self._state().round), self._job_cards(), ended=ended
             ) from error
         if isinstance(error, RendezvousConnectionError):
-            fatal = [d for d in disagreements(self._watched(), shared_endpoint=self._shared_endpoint) if d.fatal]
+            participants = tuple(repr(node) for node in self._state().participants)
+            members, _ = round_cards(self._card, self._others(), participants, formed=False)
+            fatal = [d for d in disagreements(members) if d.fatal]
             if fatal:  # the agent hosting the store found it first and left
                 raise self._mismatch(fatal) from error
+            if lost:
+                raise self._lost(waiting=True) from error
             host, _, port = self._endpoint.rpartition(":")
             try:
                 wait_for_store(host, int(port), resolve(host), refused_for=0.0)
             except RendezvousConnectionError as verdict:
                 raise verdict from error
         raise error
-
-
-def _is_participant(card: AgentCard, participants: tuple[str, ...]) -> bool:
-    return any(node.startswith(f"{card.node}_{card.pid}_") for node in participants)
 
 
 def card_limit(max_nodes: int) -> int:

@@ -10,10 +10,17 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError, Rend
 
 import distinit
 from distinit.rendezvous import AgentConfigMismatchError, AgentRendezvousTimeoutError
-from distinit.rendezvous._card import AgentCard, disagreements, env_digest, launch_flags, shared_machines
+from distinit.rendezvous._card import (
+    AgentCard,
+    disagreements,
+    env_digest,
+    launch_flags,
+    round_cards,
+    shared_machines,
+)
 from distinit.rendezvous._endpoint import decide_host
 from distinit.rendezvous._errors import AgentRendezvousConnectionError
-from distinit.rendezvous._explain import Snapshot, explain_timeout
+from distinit.rendezvous._explain import Snapshot, explain_lost, explain_timeout
 
 
 def card(pid: int, **changes: object) -> AgentCard:
@@ -126,6 +133,49 @@ def test_timeout_names_the_agent_that_stopped() -> None:
     exc = explain_timeout(_snapshot(cards=(card(1), card(2)), beats={0: 1100.0, 1: 1050.0}))
     assert "seen, then stopped heart-beating: host2 pid 2" in str(exc)
     assert "host2" in exc.why and exc.lost == ("host2 pid 2",)
+
+
+def test_a_card_outside_torch_s_round_never_fails_it() -> None:
+    own, peer = card(1), card(2)
+    forged = card(9, torch="9.9.9")  # any store client can write one, e.g. with a beat of 1e18
+    other_job = card(8, run_id="other")
+    participants = ("node1_1_0", "node2_2_0")
+    members, foreign = round_cards(
+        own, [(peer, "fresh"), (forged, "future"), (other_job, "fresh")], participants, formed=True
+    )
+    assert members == [own, peer] and foreign == [forged]
+    assert not [d for d in disagreements(members) if d.fatal]
+    # A fresh forged card of this job, not in torch's round: foreign once the round formed, ignored before.
+    assert round_cards(own, [(forged, "fresh")], participants, formed=True) == ([own], [forged])
+    assert round_cards(own, [(forged, "fresh")], participants, formed=False) == ([own], [])
+    # ... unless torch lists it as waiting for the next round (an elastic job's late agent).
+    assert round_cards(own, [(forged, "fresh")], participants, formed=True, waiting=("node9_9_0",)) == ([own], [])
+
+
+def test_a_forged_claim_on_a_participant_or_on_this_agent_is_foreign() -> None:
+    own, peer = card(1), card(2)
+    impostor = card(2, torch="9.9.9")  # names peer's node and pid
+    participants = ("node1_1_0", "node2_2_0")
+    members, foreign = round_cards(own, [(peer, "fresh"), (impostor, "fresh")], participants, formed=False)
+    assert members == [own] and foreign == [peer, impostor]  # two claims on one agent: neither is trusted
+    members, foreign = round_cards(own, [(card(1, torch="9.9.9"), "fresh")], participants, formed=False)
+    assert members == [own] and len(foreign) == 1
+    stale, mismatching = card(3, torch="9.9.9"), card(2, max_restarts=3)
+    members, foreign = round_cards(own, [(stale, "stale"), (mismatching, "fresh")], participants, formed=False)
+    assert members == [own, mismatching] and foreign == []  # a participant's own card does fail the round
+    assert [d.field for d in disagreements(members) if d.fatal] == ["--max-restarts"]
+
+
+def test_a_lost_store_names_the_agent_that_hosted_it() -> None:
+    host, other = card(2, store_host=True), card(3)
+    exc = explain_lost("n2:29400", card(1), [host, other], round_=0, waiting=True)
+    text = f"{exc}\n{exc.why}\n{exc.fix}"
+    assert exc.kind == "lost" and isinstance(exc, RendezvousConnectionError)
+    assert "stopped answering" in text and "the agent hosting it, host2 pid 2" in text and "left" in text
+    assert "came before: host3 pid 3" in text and "on host2" in exc.fix
+    assert "never started" not in text
+    unknown = explain_lost("n2:29400", card(1), [other], round_=1, waiting=False)
+    assert "the endpoint's node" in unknown.why and "never started" not in str(unknown)
 
 
 def test_errors_are_torch_s_and_ours_and_pickle() -> None:
