@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,72 @@ def test_agent_killed_after_joining_is_named(agents: Agents, port: int, tmp_path
     assert "joined, then stopped" in text
 
 
+def test_store_host_killed_is_named_as_gone_not_as_never_started(agents: Agents, port: int, tmp_path: Path) -> None:
+    # The agent hosting the store leaves after both joined: the survivor's store stops answering, whether it
+    # learns it while its workers run (torch's num_nodes_waiting) or while it re-joins after they failed.
+    hold = tmp_path / "never"
+    conf = "join_timeout=30"
+    env = {"DISTINIT_TEST_HOLD": str(hold)}
+    host = agents.start("host", f"127.0.0.1:{port}", conf=conf, extra=["--max-restarts=1"], env=env)
+    _wait_for_listener(port, host, 60)
+    survivor = agents.start("survivor", f"127.0.0.1:{port}", conf=conf, extra=["--max-restarts=1"], env=env)
+    assert agents.wait_for_marks(2, 90), (host.log.read_text(), survivor.log.read_text())
+    host.kill()
+    rc, text, _ = survivor.wait(90)
+    assert rc != 0
+    assert "AgentRendezvousConnectionError" in text and "stopped answering" in text, text[-3000:]
+    assert f"the agent hosting it, {socket.gethostname()} pid {host.proc.pid}" in text, text[-3000:]
+    assert "never started" not in text and "never seen" not in text, text[-3000:]
+
+
+def test_forged_cards_on_the_store_never_fail_the_round(agents: Agents, port: int) -> None:
+    # Any client of the store can write a card: one of this job with another torch and a beat of 1e18 (it would
+    # never go stale), one of another --rdzv-id heart-beating. Neither agent is in torch's round: reported, ignored.
+    import json
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    prefix = "distinit.torchrun"
+    first = agents.start("a0", f"127.0.0.1:{port}", conf="join_timeout=60")
+    _wait_for_listener(port, first, 60)
+    hostile = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    _wait_for(lambda: int(hostile.add(f"{prefix}/count", 0)) >= 1, 60, "the first agent's card")
+    base = {"node": "forger", "hostname": "forger", "python": "3.11.0", "distinit": "0.0.0", "started": 1.0}
+    base |= {"min_nodes": 2, "max_nodes": 2, "status": "waiting"}
+    forged = {**base, "run_id": "job", "pid": 4242, "torch": "9.9.9"}
+    other = {**base, "run_id": "other-job", "pid": 4343, "torch": "2.13.0"}
+    stop = threading.Event()
+    indexes = [int(hostile.add(f"{prefix}/count", 1)) for _ in range(2)]
+    hostile.set(f"{prefix}/card/{indexes[0]}", json.dumps(forged))
+    hostile.set(f"{prefix}/beat/{indexes[0]}", "1e18")
+    hostile.set(f"{prefix}/card/{indexes[1]}", json.dumps(other))
+
+    def beat() -> None:  # the other --rdzv-id's card stays live while the job runs
+        while not stop.is_set():
+            try:
+                hostile.set(f"{prefix}/beat/{indexes[1]}", str(time.time()))
+            except (RuntimeError, ValueError):
+                return  # the store left with its host agent
+            stop.wait(0.3)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        second = agents.start("a1", f"127.0.0.1:{port}", conf="join_timeout=60")
+        results = [agent.wait(120) for agent in (first, second)]
+    finally:
+        stop.set()
+        beater.join(timeout=5)
+    for rc, text, _ in results:
+        assert rc == 0, text[-3000:]
+        _ok(text, 2)
+        assert "AgentConfigMismatchError" not in text, text[-3000:]
+    logs = "".join(text for _, text, _ in results)
+    assert "a foreign card on the store: forger pid 4242" in logs and "torch 9.9.9" in logs, logs[-3000:]
+
+
 def test_refused_endpoint_is_named_in_seconds(agents: Agents, port: int) -> None:
     # 127.0.0.2 binds here, but is_host=0 says another node hosts the store: nothing listens there.
     agent = agents.start("client", f"127.0.0.2:{port}", conf="is_host=0,connect_timeout=3")
@@ -145,20 +213,32 @@ def test_flag_mismatch_is_named_on_every_agent(
 
 
 def test_two_rdzv_ids_on_one_endpoint_are_named(agents: Agents, port: int) -> None:
+    # Reported, not fatal: the other job's agents are not in this job's torch round, and a card any store client
+    # can write never fails a round (issue 33). Each job then times out short of its --nnodes.
     started = [
-        agents.start(f"a{i}", f"127.0.0.1:{port}", run_id=run_id, conf="join_timeout=60")
+        agents.start(f"a{i}", f"127.0.0.1:{port}", run_id=run_id, conf="join_timeout=15")
         for i, run_id in enumerate(("job-a", "job-b"))
     ]
     for agent in started:
         rc, text, elapsed = agent.wait(90)
         assert rc != 0
         assert "--rdzv-id: 'job-a'" in text and "'job-b'" in text, text[-3000:]
-        assert elapsed < 60
+        assert "AgentConfigMismatchError" not in text, text[-3000:]
+        # The job that ends first takes the store with it if its agent hosted it: the other's is then lost.
+        assert "AgentRendezvousTimeoutError" in text or "stopped answering" in text, text[-3000:]
+        assert elapsed < 75
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _wait_for_listener(port: int, agent: object, timeout: float) -> None:
-    import time
-
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with socket.socket() as sock:
