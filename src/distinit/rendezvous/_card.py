@@ -189,7 +189,8 @@ def disagreements(cards: Sequence[AgentCard], *, shared_endpoint: bool = False) 
     Fatal: different ``--rdzv-id`` among agents still waiting (unless ``shared_endpoint``: several jobs share
     the endpoint on purpose), and, within a job, different ``--nnodes``, ``--nproc-per-node``,
     ``--max-restarts``, torch, python (major.minor) or distinit. Not fatal (a warning): different
-    ``NCCL_*``/``GLOO_*``/``TORCH_*`` values (interface names may differ per node on purpose).
+    ``NCCL_*``/``GLOO_*``/``TORCH_*`` values (interface names may differ per node on purpose). Which cards may
+    fail a round is :func:`round_cards`'s decision: any store client can write a card.
     """
     found: list[Disagreement] = []
     waiting = [card for card in cards if card.status == "waiting"]

@@ -214,3 +214,72 @@ def test_a_beat_from_the_future_never_keeps_a_card_fresh() -> None:
     made._refresh()
     assert 2 in made._cards and not made._fresh(2)
     assert made._fresh(3)
+
+
+def _card_with(node: str, **changes: object) -> str:
+    return json.dumps({**json.loads(_card(node)), **changes})
+
+
+class BrokenStore(FakeStore):
+    """A store whose host agent left: every call fails, as torch's TCPStore client does then."""
+
+    broken = False
+
+    def add(self, key: str, amount: int) -> int:
+        if self.broken:
+            raise RuntimeError("Broken pipe")
+        return super().add(key, amount)
+
+    def set(self, key: str, value: str | bytes) -> None:
+        if self.broken:
+            raise RuntimeError("Broken pipe")
+        super().set(key, value)
+
+
+def test_a_store_that_stops_answering_names_its_host_never_never_started() -> None:
+    # Issue 33, item 3: this agent waits for a round; the agent hosting the store (whose card it read) leaves.
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+    from distinit.rendezvous import AgentRendezvousConnectionError
+
+    store = BrokenStore()
+    store.set(f"{PREFIX}/count", "2")
+    store.set(f"{PREFIX}/card/2", _card_with("n1", store_host=True))
+    store.set(f"{PREFIX}/beat/2", str(time.time()))
+    inner = FakeInner()
+    inner.state.participants = set()
+    made = handler(inner, store, agent(remaining=1))
+    made._refresh()
+    store.broken = True
+    for error in (RendezvousTimeoutError("timed out"), RendezvousConnectionError("store failed")):
+        with pytest.raises(AgentRendezvousConnectionError) as raised:
+            made._fail(error, 5.0)
+        text = f"{raised.value}\n{raised.value.why}"
+        assert raised.value.kind == "lost" and "the agent hosting it, h1 pid 7 (node n1" in text, text
+        assert "never started" not in text and "never seen" not in text
+
+
+def test_a_card_outside_torch_s_round_is_reported_once_and_never_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 33, item 4: any store client can write a card; only torch's participants' cards can fail the round.
+    store = FakeStore()
+    store.set(f"{PREFIX}/count", "4")
+    store.set(f"{PREFIX}/card/2", _card_with("forger", torch="9.9.9"))
+    store.set(f"{PREFIX}/beat/2", "1e18")
+    store.set(f"{PREFIX}/card/3", _card_with("n3", pid=8, run_id="other-job", status="waiting"))
+    store.set(f"{PREFIX}/beat/3", str(time.time()))
+    inner = FakeInner()
+    inner.state.participants = {Node("n0_1_0"), Node("n1_7_0")}
+    made = handler(inner, store, agent(remaining=1))
+    with caplog.at_level(logging.WARNING, logger="distinit.rendezvous"):
+        made._refresh()
+        assert made._verdict_while_waiting() == []
+        assert made._verdict_while_waiting() == []
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("a foreign card on the store: h1 pid 7 (node forger" in m for m in messages) == 1, messages
+    assert sum("--rdzv-id: 'job' on h0 pid 1; 'other-job' on h1 pid 8" in m for m in messages) == 1, messages
+    # A participant's own card that disagrees does fail the round.
+    store.set(f"{PREFIX}/count", "5")
+    store.set(f"{PREFIX}/card/5", _card_with("n1", max_restarts=3))
+    store.set(f"{PREFIX}/beat/5", str(time.time()))
+    made._refresh()
+    assert [d.field for d in made._verdict_while_waiting()] == ["--max-restarts"]
