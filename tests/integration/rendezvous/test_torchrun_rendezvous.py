@@ -6,6 +6,7 @@ generous (a loaded 2-core CI machine starts torchrun in seconds); the benchmark 
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import time
@@ -109,10 +110,48 @@ def test_store_host_killed_is_named_as_gone_not_as_never_started(agents: Agents,
     assert "never started" not in text and "never seen" not in text, text[-3000:]
 
 
+def test_store_host_killed_while_the_other_waits_is_named(agents: Agents, port: int) -> None:
+    # --nnodes=3 with two agents: both wait in torch's round; the one hosting the store is killed.
+    import base64
+    import pickle
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    host = agents.start("host", f"127.0.0.1:{port}", nnodes="3", conf="join_timeout=60")
+    _wait_for_listener(port, host, 60)
+    survivor = agents.start("survivor", f"127.0.0.1:{port}", nnodes="3", conf="join_timeout=60")
+    watcher = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    key = "torch.rendezvous.job"
+
+    def both_in_torch_s_round() -> bool:
+        raw = watcher.get(key) if watcher.check([key]) else b""
+        if raw in (b"", C10dRendezvousBackend._NULL_SENTINEL.encode()):
+            return False
+        state = pickle.loads(base64.b64decode(raw))  # torch's own state: this test trusts it
+        return {node.pid for node in state.participants} >= {host.proc.pid, survivor.proc.pid}
+
+    _wait_for(both_in_torch_s_round, 90, "both agents in torch's round")
+    # The survivor reads the cards every 0.25 s while it waits: let its heart-beat (every 1 s) pass twice.
+    count = int(watcher.add("distinit.torchrun/count", 0))
+    cards = [json.loads(watcher.get(f"distinit.torchrun/card/{i}")) for i in range(1, count + 1)]
+    index = 1 + next(i for i, card in enumerate(cards) if card["pid"] == survivor.proc.pid)
+    for _ in range(2):
+        beat = watcher.get(f"distinit.torchrun/beat/{index}")
+        _wait_for(lambda: watcher.get(f"distinit.torchrun/beat/{index}") != beat, 30, "the survivor's beat")  # noqa: B023
+    host.kill()
+    rc, text, _ = survivor.wait(120)
+    assert rc != 0
+    assert "AgentRendezvousConnectionError" in text and "stopped answering" in text, text[-3000:]
+    assert "while this agent" in text and "waited for round" in text, text[-3000:]
+    assert f"the agent hosting it, {socket.gethostname()} pid {host.proc.pid}" in text, text[-3000:]
+    assert "never started" not in text and "never seen" not in text, text[-3000:]
+
+
 def test_forged_cards_on_the_store_never_fail_the_round(agents: Agents, port: int) -> None:
     # Any client of the store can write a card: one of this job with another torch and a beat of 1e18 (it would
     # never go stale), one of another --rdzv-id heart-beating. Neither agent is in torch's round: reported, ignored.
-    import json
     import threading
     from datetime import timedelta
 
