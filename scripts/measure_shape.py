@@ -167,9 +167,11 @@ def _tests_without_check(tests: Path) -> list[str]:
     """Test functions under ``tests`` that check nothing (see :func:`_checks`)."""
     found = []
     for path in sorted(tests.rglob("test_*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            is_test = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
-            if is_test and not _checks(node):
+        functions = (
+            n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        )
+        for node in functions:
+            if node.name.startswith("test") and not _checks(node):
                 found.append(f"{path.relative_to(tests).as_posix()}::{node.name}")
     return found
 
