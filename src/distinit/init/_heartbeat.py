@@ -11,8 +11,9 @@ the watcher publishes a :class:`~distinit.errors.RankLostError` verdict, so ever
 error naming it. Ranks that never arrived are not watched: they keep the late-worker patience of the
 deadline.
 
-Its parts: :class:`Heartbeat` (the beat and the watch while a rank waits in the join) and :func:`host_gone`:
-the store host (rank 0) died after this rank joined, said in seconds instead of "missing ranks [0]" later.
+Its parts: :class:`Heartbeat` (the beat and the watch while a rank waits in the join), :func:`follow_arrivals`
+(rank 0 learns who joined, in join order), and :func:`host_gone`: the store host (rank 0) died after this rank
+joined, said in seconds instead of "missing ranks [0]" later.
 """
 
 from __future__ import annotations
