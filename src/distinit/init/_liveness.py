@@ -24,6 +24,9 @@ every beat) then read and cache it, and rank 0 stays up until they acknowledged 
 A rank whose store is gone and that has no cached finding judges rank 0 from its own probes: gone (same host:
 its pid; else its port refuses connections) without a finding means it stopped first, unless a launcher that
 stops a failed worker's siblings (torchrun) may have stopped it: then "unknown".
+
+Its parts: the facts (:class:`ExitRecord`, :class:`RankFacts`) and the judgement over them (:func:`judge`,
+its :class:`Finding`); then :class:`Liveness`, the watch itself.
 """
 
 from __future__ import annotations
@@ -98,7 +101,6 @@ def clock_text(wall: float | None) -> str:
     return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-4] + " UTC"
 
 
-# --- facts: what one rank is known to have done, and the judgement over all of them ---------------------
 ExitKind = Literal["peer", "error"]
 State = Literal["beating", "silent", "gone", "bye"]
 
@@ -214,7 +216,6 @@ def _after(consequences: Sequence[RankFacts]) -> str:
     return f"; consequences (left because a collective failed on a peer): rank {ranks}"
 
 
-# --- the watch itself ----------------------------------------------------------------------------------
 class Liveness:
     """After :func:`distinit.setup`: who every rank is (host, pid) and when it last beat, cheap to consult.
 
