@@ -1,7 +1,12 @@
 """The shape of the package, measured: what issue 24 asks to keep small, in one rerunnable script.
 
 Static (read from ``src/distinit``): modules per package, lines, functions over 60 lines, module pairs
-whose imports point both ways, and imports that reach into another package's ``_private`` module.
+whose imports point both ways, and imports that reach into another package's ``_private`` module. Issue 36's
+counts too: ``# ---`` banners in ``init/`` (a module's parts belong in its docstring), launcher variables
+(``SLURM_*``, ``OMPI_*``, ``PMI_*``, ``MV2_*``, ``TORCHELASTIC_*``, ``LOCAL_WORLD_SIZE``, ``GROUP_WORLD_SIZE``
+as string literals) named outside ``env/``, names each package face imports but leaves out of ``__all__``,
+and test functions (read from ``tests/`` beside ``src``) with no ``assert``, no ``pytest.raises`` and no call
+to a helper named ``check*``/``assert*``.
 
 Dynamic (a real 2-rank gloo world on loopback, one process per rank): ``distinit.setup()`` on the happy
 path runs under ``sys.setprofile``/``threading.setprofile``; every Python call whose callee lives in
@@ -19,6 +24,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -96,6 +102,80 @@ def _imported(module: str, tree: ast.AST, is_package: bool) -> set[str]:
     return {name for name in found if name.startswith("distinit")}
 
 
+LAUNCHER_VARIABLE = re.compile(r"(SLURM_|OMPI_|PMI_|MV2_|TORCHELASTIC_)[A-Z0-9_]*|LOCAL_WORLD_SIZE|GROUP_WORLD_SIZE")
+
+
+def _banners(src: Path) -> list[str]:
+    """``# ---`` banner lines in ``init/``: parts pasted into a module instead of named in its docstring."""
+    return [
+        f"{path.name}:{number}"
+        for path in sorted((src / "distinit" / "init").glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if line.lstrip().startswith("# ---")
+    ]
+
+
+def _launcher_variables(src: Path) -> list[str]:
+    """Launcher variable names spelled as string literals outside ``env/`` (``env/`` alone should read them)."""
+    found = []
+    for path in sorted((src / "distinit").rglob("*.py")):
+        if "env" in path.relative_to(src / "distinit").parts[:1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and LAUNCHER_VARIABLE.fullmatch(node.value)
+            ):
+                found.append(f"{path.relative_to(src).as_posix()}:{node.lineno} {node.value}")
+    return found
+
+
+def _hidden_exports(src: Path) -> dict[str, list[str]]:
+    """Per package face (``__init__.py``): names it imports that its ``__all__`` leaves out."""
+    hidden: dict[str, list[str]] = {}
+    for path in sorted((src / "distinit").rglob("__init__.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        listed: set[str] = set()
+        imported: list[str] = []
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                imported.extend(alias.asname or alias.name for alias in node.names)
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                listed = set(ast.literal_eval(node.value))
+        names = [name for name in imported if name not in listed]
+        if names:
+            hidden[_module_name(src, path)] = names
+    return hidden
+
+
+def _checks(function: ast.AST) -> bool:
+    """Does a test function check anything: an ``assert``, ``pytest.raises`` or a ``check*``/``assert*`` call?"""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assert):
+            return True
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name == "raises" or name.startswith(("check", "assert")):
+                return True
+    return False
+
+
+def _tests_without_check(tests: Path) -> list[str]:
+    """Test functions under ``tests`` that check nothing (see :func:`_checks`)."""
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        functions = (
+            n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        )
+        for node in functions:
+            if node.name.startswith("test") and not _checks(node):
+                found.append(f"{path.relative_to(tests).as_posix()}::{node.name}")
+    return found
+
+
 def static(src: Path) -> dict[str, Any]:
     """Counts read from the source tree ``src`` (the folder holding ``distinit``)."""
     files = sorted((src / "distinit").rglob("*.py"))
@@ -137,6 +217,10 @@ def static(src: Path) -> dict[str, Any]:
         "functions_over_60_lines": long_functions,
         "import_pairs_both_ways": both_ways,
         "private_cross_package_imports": private_reach,
+        "init_banners": _banners(src),
+        "launcher_variables_outside_env": _launcher_variables(src),
+        "imports_outside_all": _hidden_exports(src),
+        "tests_without_check": _tests_without_check(src.parent / "tests"),
     }
 
 
@@ -215,6 +299,13 @@ def main() -> int:
     print(f"import pairs both ways: {len(s['import_pairs_both_ways'])} {s['import_pairs_both_ways']}")
     print(f"private cross-package imports: {len(s['private_cross_package_imports'])}")
     for line in s["private_cross_package_imports"]:
+        print(f"  {line}")
+    print(f"banners in init: {len(s['init_banners'])} {s['init_banners']}")
+    print(f"launcher variables named outside env/: {len(s['launcher_variables_outside_env'])}")
+    hidden = s["imports_outside_all"]
+    print(f"imports outside __all__: {sum(map(len, hidden.values()))} {dict((k, len(v)) for k, v in hidden.items())}")
+    print(f"tests without a check: {len(s['tests_without_check'])}")
+    for line in s["tests_without_check"]:
         print(f"  {line}")
     for rank, d in report.get("dynamic", {}).items():
         print(

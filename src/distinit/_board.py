@@ -11,8 +11,8 @@ board is that one protocol:
 * :meth:`Board.linger` -- on the store host: stay up until every rank acknowledged, at most a bound (and,
   when some ranks may never read it, no longer than the count stays still for :data:`LINGER_QUIET` s).
 
-A top-level leaf (stdlib only; the store is typed by :class:`BoardStore`, which torch's stores satisfy), so
-that :mod:`distinit.init` and the torchrun backend (:mod:`distinit.rendezvous`) share it.
+A top-level leaf (stdlib only; the store is typed by :class:`BoardStore`, which torch's stores satisfy). Its
+users are :mod:`distinit.init`'s join, group forming and liveness; the torchrun backend does not use it.
 """
 
 from __future__ import annotations

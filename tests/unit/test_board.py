@@ -3,8 +3,8 @@ host lingers just long enough."""
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from torch.distributed import HashStore
@@ -33,15 +33,40 @@ def test_acknowledge_counts_each_rank_once() -> None:
     assert boards[1].seen() == 2
 
 
+class _Recorded:
+    """A real store whose reads of the acknowledgement count are logged, with a hook run before each."""
+
+    def __init__(self, before_read: Callable[[int], None] = lambda n: None) -> None:
+        self.store = HashStore()
+        self.log: list[tuple[str, int]] = []
+        self.before_read = before_read
+
+    def add(self, key: str, value: int, /) -> int:
+        if key.endswith("/seen") and value == 0:
+            self.before_read(sum(1 for event, _ in self.log if event == "read"))
+            seen = self.store.add(key, 0)
+            self.log.append(("read", seen))
+            return seen
+        return self.store.add(key, value)
+
+    def check(self, keys: list[str], /) -> bool:
+        return self.store.check(keys)
+
+    def get(self, key: str, /) -> bytes:
+        return self.store.get(key)
+
+    def compare_set(self, key: str, expected: str, desired: str, /) -> bytes:
+        return self.store.compare_set(key, expected, desired)
+
+
 def test_linger_ends_when_every_rank_acknowledged() -> None:
-    host, peer = _boards(2)
+    # The peer acknowledges just before the host's third read: the host must leave on that read, not poll on.
+    store = _Recorded(before_read=lambda reads: peer.acknowledge() if reads == 2 else None)
+    host = Board(store, "k", rank=0, world_size=2)
+    peer = Board(store, "k", rank=1, world_size=2)
     host.acknowledge()
-    reader = threading.Timer(0.2, peer.acknowledge)
-    reader.start()
-    started = time.monotonic()
-    host.linger(bound=30.0)
-    reader.join(10)
-    assert host.seen() == 2 and time.monotonic() - started < 20.0
+    host.linger(bound=60.0)
+    assert store.log == [("read", 1), ("read", 1), ("read", 2)]
 
 
 def test_linger_is_bounded_when_a_rank_never_reads() -> None:
@@ -52,21 +77,34 @@ def test_linger_is_bounded_when_a_rank_never_reads() -> None:
 
 
 def test_linger_leaves_after_a_quiet_spell_once_settled() -> None:
-    host, _, _ = _boards(3)
+    # Once the count stayed still for `quiet` s, the host asks `settled`; it must leave on the first True.
+    store = _Recorded()
+    host = Board(store, "k", rank=0, world_size=3)
     host.acknowledge()
-    started = time.monotonic()
-    host.linger(bound=60.0, settled=lambda seen: seen >= 1, quiet=0.2)
-    assert time.monotonic() - started < 30.0
+    answers = iter([False, False, True])
+    asked: list[int] = []
+
+    def settled(seen: int) -> bool:
+        asked.append(seen)
+        store.log.append(("settled", seen))
+        return next(answers)
+
+    host.linger(bound=60.0, settled=settled, quiet=0.2)
+    assert asked == [1, 1, 1]
+    assert store.log[-1] == ("settled", 1)  # no read after the first True: it left at once
+    assert set(store.log) == {("read", 1), ("settled", 1)}
 
 
 def test_linger_ends_when_the_store_fails() -> None:
     class Gone:
+        reads = 0
+
         def add(self, key: str, value: int) -> int:
+            Gone.reads += 1
             raise RuntimeError("Connection closed by peer")
 
-    started = time.monotonic()
     Board(Gone(), "k", rank=0, world_size=2).linger(bound=60.0)  # type: ignore[arg-type]
-    assert time.monotonic() - started < 10.0
+    assert Gone.reads == 1  # the first failed read ends the wait: nobody can read the store any more
 
 
 @pytest.mark.parametrize(

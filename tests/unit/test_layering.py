@@ -1,9 +1,12 @@
 """The import layering of the package, enforced: every import statement in src/distinit, lazy ones included.
 
-Imports point one way (STYLE.md section 1): the leaves (errors, durations, foreign-error text) import only the
-standard library; env imports no other capability and no torch; broadcast and watchdog know nothing of init or of
-each other; no capability imports the testing plugin, the CLI or the package face (``import distinit``); no module
-imports another package's ``_private`` module (shared helpers are top-level modules or a package's exports).
+The rules of docs/architecture.md, one test each (STYLE.md section 1): the leaves (errors, durations,
+foreign-error text, the probe, the board) import only the standard library; ``_identity`` imports no module of
+ours and no torch; env imports no other capability and no torch; broadcast and watchdog know nothing of init or of
+each other; rendezvous imports no init; no capability imports the testing plugin, the CLI or the package face
+(``import distinit``), and the one arrow into the CLI is ``doctor/__main__.py``; no module imports another
+package's ``_private`` module (shared helpers are top-level modules or a package's exports); inside init, every
+module imports only modules after it in :data:`INIT_ORDER`.
 """
 
 from __future__ import annotations
@@ -26,8 +29,26 @@ ALLOWED = {
     "testing": {"env", "init", "broadcast", "watchdog"},
     "integrations": {"env", "init"},
     "doctor": {"env", "init", "_identity"},
-    "rendezvous": {"env", "init", "_identity"},  # torchrun's handler; nothing imports it (an entry point)
+    "rendezvous": {"env", "_identity"},  # torchrun's handler, loaded by the agents: never init
 }
+#: Inside init, the data path first: a module may import only modules after it (docs/architecture.md).
+INIT_ORDER = (
+    "_api",
+    "_device",
+    "_attempt",
+    "_form",
+    "_join",
+    "_heartbeat",
+    "_store",
+    "_thread",
+    "_liveness",
+    "_loopback",
+    "_messages",
+    "_policy",
+    "_report",
+)
+#: The one module allowed to import the CLI: ``python -m distinit.doctor``.
+CLI_IMPORTERS = {"distinit.doctor.__main__"}
 #: What the package face or the CLI is; no capability imports these.
 FACES = {"distinit", "distinit.cli", "distinit.testing.plugin"}
 
@@ -135,11 +156,41 @@ def test_a_violation_is_seen(tmp_path: Path) -> None:
 
 
 def test_host_identity_is_shared_and_torch_free() -> None:
-    # init's setup() and the doctor's nodes check share this one implementation; it stays pure.
+    # init, the doctor and the rendezvous card share this one implementation; it stays pure: pydantic only.
     names = _imports(SRC / "_identity.py")
     assert not [name for name in names if name == "torch" or name.startswith("torch.")]
-    ours = {_layer(name) for name in names if name.startswith("distinit.")}
-    assert ours <= {"errors", "env", "_duration", "_foreign"}, ours
+    assert not [name for name in names if name.startswith("distinit")]
+
+
+def test_rendezvous_imports_no_init() -> None:
+    # torchrun's agents load the handler; the rendezvous of init (and its torch groups) stays out of them.
+    bad = [
+        f"{_name(path)} imports {name}"
+        for path in sorted((SRC / "rendezvous").rglob("*.py"))
+        for name in sorted(_distinit_imports(path))
+        if _layer(name) == "init"
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_doctor_entry_point_imports_the_cli() -> None:
+    importers = {
+        _name(path) for path in _modules() if any(_layer(name) == "cli" for name in _distinit_imports(path))
+    } - {"distinit.cli"}
+    assert importers == CLI_IMPORTERS
+
+
+def test_init_imports_point_down_its_order() -> None:
+    modules = {path.stem for path in (SRC / "init").glob("_*.py")} - {"__init__"}
+    assert modules == set(INIT_ORDER), "a module of init is missing from INIT_ORDER (or one listed is gone)"
+    bad = []
+    for rank, module in enumerate(INIT_ORDER):
+        names = _distinit_imports(SRC / "init" / f"{module}.py")
+        # `from distinit.init import _loopback` and `from distinit.init._policy import Pace` both name the module.
+        imported = {name.split(".")[2] for name in names if name.startswith("distinit.init.")}
+        for other in sorted(imported & set(INIT_ORDER[: rank + 1]) - {module}):
+            bad.append(f"init.{module} imports init.{other}, which comes before it")
+    assert not bad, "\n".join(bad)
 
 
 def _private_reach(own: str, names: set[str]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import itertools
 import pickle
 import subprocess
 import sys
@@ -81,9 +82,51 @@ def test_error_classes_appear_in_troubleshooting() -> None:
         assert name in text
 
 
-def test_capability_packages_import() -> None:
-    for name in ("distinit.env", "distinit.errors", "distinit.cli"):
-        importlib.import_module(name)
+FACES = (
+    "distinit",
+    "distinit.errors",
+    "distinit.env",
+    "distinit.init",
+    "distinit.watchdog",
+    "distinit.watchdog.elastic",
+    "distinit.broadcast",
+    "distinit.testing",
+    "distinit.doctor",
+    "distinit.rendezvous",
+    "distinit.integrations.lightning",
+)
+
+
+def _documented_data(name: str) -> bool:
+    """A public constant or type alias is documented by a ``#:`` comment right above its definition."""
+    for path in (Path(distinit.__file__).parent).rglob("*.py"):
+        lines = path.read_text().splitlines()
+        for above, line in itertools.pairwise(lines):
+            if line.startswith((f"{name} =", f"{name}: ")) and above.startswith("#:"):
+                return True
+    return False
+
+
+def test_every_public_name_resolves_and_is_documented() -> None:
+    undocumented = []
+    for face in FACES:
+        module = importlib.import_module(face)
+        assert (module.__doc__ or "").strip(), f"{face} has no module docstring"
+        assert len(module.__all__) == len(set(module.__all__)), f"{face}.__all__ lists a name twice"
+        for name in module.__all__:
+            assert hasattr(module, name), f"{face}.__all__ lists {name!r}, which {face} does not define"
+            if name == "__version__":
+                continue
+            assert not name.startswith("_"), f"{face}.__all__ lists the private name {name!r}"
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                own = obj.__dict__.get("__doc__") if inspect.isclass(obj) else obj.__doc__
+                documented = bool((own or "").strip())  # a class's own docstring, not one it inherits
+            else:
+                documented = _documented_data(name)
+            if not documented:
+                undocumented.append(f"{face}.{name}")
+    assert undocumented == []
 
 
 def test_public_classes_name_their_public_module() -> None:

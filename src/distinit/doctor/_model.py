@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from distinit.errors import DistinitError
 
+#: The verdict of one doctor check (:class:`Check`): passed, a warning, failed, or skipped (its summary says why).
 Status = Literal["pass", "warn", "fail", "skip"]
 
 #: Exit statuses of ``distinit doctor`` (as ``distinit env``: 2 is a bad environment).

@@ -33,7 +33,8 @@ from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
 from distinit.init import _loopback
 from distinit.init._attempt import Rendezvous
-from distinit.init._form import choose_backend, claim_of, device_plan, settle
+from distinit.init._device import choose_backend, device_plan
+from distinit.init._form import claim_of, settle
 from distinit.init._liveness import Liveness, consequence, peer_closed
 from distinit.init._policy import AttemptFailed, Backoff, Bounds
 from distinit.init._report import AttemptRecord, InitReport

@@ -1,9 +1,38 @@
 """Forming the group once every rank joined: ``init_process_group``, the check collective, and the undo.
 
+Its parts:
+
+* :class:`GroupFormer` -- one attempt's group: init, the check collective, and the complete undo;
+* :func:`claim_of`, :func:`exchange` and :func:`settle` -- the world's own truth: every rank's host
+  identity, exchanged by the check collective, and the world it describes;
+* :func:`classify_init_failure` and :class:`InitWatch` -- a verdict reached during ``init_process_group``
+  (gloo's loopback trap), the same on every rank, at once.
+
 torch's backend bootstrap waits on peers' keys with the *group* timeout, not the store's, so the group is
 created with the attempt's bound and the collective timeout is set right after (a private torch API,
 feature-detected). A failed init is undone completely, including torch's leaked group counter
 (pytorch/pytorch#46561), so that the next attempt in this process can meet fresh peers.
+
+**The world's own truth.** The environment can only guess a node rank (Open MPI and MPICH name no node; a
+user's ``NODE_RANK`` may be wrong on one machine); the ranks together know it. Right after
+``init_process_group`` every rank contributes one fixed-size row (its host identity and what its
+environment claims) to one ``all_gather``: that collective replaces the old check ``all_reduce``, so success
+still means the fabric works, and it costs one small collective. :func:`settle` then derives node rank, local
+rank, local world size and node count from the identities (:func:`distinit._identity.group_ranks`, torchrun's
+assignment), fills what the environment left unknown, and raises :class:`ConflictingEnvError` when the
+environment disagrees with the world. Every rank sees the same rows, so every rank raises the same error.
+Rows are JSON validated by pydantic (never pickle) with a fixed size, so a hostile or broken peer can send
+garbage but cannot make this rank allocate more than ``ROW`` bytes per rank.
+
+**The init verdict.** The join's ``state`` key already says ``ok`` when init runs, so a verdict found in
+init has a key of its own, ``<namespace>g<generation>/init_verdict`` (first writer wins). The rank that
+recognises its own gloo failure as the loopback trap publishes it; a rank whose init failed otherwise reads
+it before giving up on the generation, so no rank starts a new generation for it (the ranks would drift
+apart, each waiting for the others in another generation until the deadline). A rank still blocked in init
+(gloo's listener side waits about five times its timeout for a peer that can never connect) learns it from
+:class:`InitWatch`, a thread with its own store connection, and its caller raises it at once. The store host
+stays up until the others have read it, at most :data:`distinit._board.LINGER` s (the key is a
+:class:`distinit._board.Board`).
 """
 
 from __future__ import annotations
@@ -12,12 +41,10 @@ import contextlib
 import ctypes
 import hashlib
 import logging
-import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -227,118 +254,11 @@ class GroupFormer:
             self.counter_resets += 1
 
 
-# --- backend: The one backend and device choice: which backend a rank uses and which GPU it binds.
-# :func:`plan_device` is pure: it decides from what one rank sees (how many CUDA devices, its
-# ``CUDA_VISIBLE_DEVICES``, its ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``) and the backend asked for.
-# :func:`choose_backend` reads those facts from torch and the environment.
-@dataclass(frozen=True)
-class DevicePlan:
-    """What one rank uses: the backend, and the CUDA index it binds (None: it computes on the CPU)."""
-
-    backend: str
-    device: int | None = None
-
-
-def plan_device(
-    backend: str | None,
-    *,
-    visible: int,
-    cuda_visible_devices: str | None,
-    local_rank: int,
-    local_world_size: int | None,
-) -> DevicePlan:
-    """The backend and the device of one rank, from what it sees. Pure.
-
-    * a backend other than NCCL is named: that backend on the CPU;
-    * no backend named and no device visible: gloo on the CPU;
-    * the rank sees at least as many devices as its host runs ranks (``LOCAL_WORLD_SIZE``, or at least
-      ``LOCAL_RANK + 1``): NCCL on ``cuda:LOCAL_RANK`` (every rank sees every GPU of the host);
-    * it sees fewer, and the launcher gave it devices of its own (``CUDA_VISIBLE_DEVICES`` set: Slurm's
-      ``--gpus-per-task``, a per-rank wrapper): NCCL on ``cuda:LOCAL_RANK % visible`` (``cuda:0`` with
-      one device each). Two ranks that land on one physical GPU anyway are refused once the group
-      exists, by GPU UUID (:func:`distinit._identity.shared_gpus`).
-
-    Raises:
-        ConflictingEnvError: the rank sees fewer devices than its host runs ranks and no
-            ``CUDA_VISIBLE_DEVICES`` (every rank sees the same devices), and NCCL is named or would be
-            chosen: ranks would share a GPU. Every rank of the host computes the same facts, so every one
-            raises the same error at once.
-    """
-    if backend not in (None, "nccl"):
-        return DevicePlan(backend)
-    if visible == 0:
-        # Named NCCL without a device: binding cuda:LOCAL_RANK fails in torch with its own message.
-        return DevicePlan("gloo") if backend is None else DevicePlan("nccl", local_rank)
-    here = max(local_rank + 1, local_world_size or 0)
-    if visible >= here:
-        return DevicePlan("nccl", local_rank)
-    if cuda_visible_devices:
-        return DevicePlan("nccl", local_rank % visible)
-    raise ConflictingEnvError(
-        f"{here} ranks on this host (LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world_size}) but "
-        f"{visible} CUDA device(s) visible to each (CUDA_VISIBLE_DEVICES is unset), with "
-        f"{'NCCL named' if backend else 'no backend named (NCCL chosen where CUDA exists)'}: "
-        f"ranks would share a GPU",
-        variables=("LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"),
-        why="the launcher starts more ranks per host than this host has GPUs, and every rank sees the same "
-        "GPUs: NCCL refuses two ranks on one GPU",
-        fix=f"launch at most {visible} rank(s) per host (torchrun --nproc-per-node={visible}, "
-        "srun --ntasks-per-node), or give each rank GPUs of its own (srun --gpus-per-task=1, or "
-        "CUDA_VISIBLE_DEVICES per rank), or name the backend for a CPU job: setup('gloo') / "
-        "init_with_retry('gloo')",
-    )
-
-
-def choose_backend(
-    backend: str | None,
-    *,
-    local_rank: int,
-    local_world_size: int | None = None,
-    device_id: int | torch.device | None = None,
-) -> str:
-    """``backend`` if given; NCCL when ``device_id`` is given; else :func:`plan_device`'s choice.
-
-    :func:`distinit.setup` binds the GPU exactly when its plan says NCCL, so both agree by construction.
-
-    Raises:
-        ConflictingEnvError: no backend named and ranks would share a GPU (see :func:`plan_device`).
-    """
-    if backend is not None:
-        return backend
-    if device_id is not None:
-        return "nccl"
-    return device_plan(backend, local_rank=local_rank, local_world_size=local_world_size).backend
-
-
-def device_plan(backend: str | None, *, local_rank: int, local_world_size: int | None) -> DevicePlan:
-    """:func:`plan_device` over this process's facts (torch's device count, ``CUDA_VISIBLE_DEVICES``)."""
-    visible = torch.cuda.device_count() if backend is not None or torch.cuda.is_available() else 0
-    return plan_device(
-        backend,
-        visible=visible,
-        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-    )
-
-
 def device_uuid(index: int) -> str:
     """The UUID of CUDA device ``index`` (the physical GPU, whatever ``CUDA_VISIBLE_DEVICES`` renumbers)."""
     return str(torch.cuda.get_device_properties(index).uuid)
 
 
-# --- world: The world's own truth: every rank's host identity, exchanged once the group exists.
-# The environment can only guess a node rank (Open MPI and MPICH name no node; a user's ``NODE_RANK`` may
-# be wrong on one machine); the ranks together know it. Right after ``init_process_group`` every rank
-# contributes one fixed-size row (its host identity and what its environment claims) to one ``all_gather``:
-# that collective replaces the old check ``all_reduce``, so success still means the fabric works, and it
-# costs one small collective. :func:`settle` then derives node rank, local rank, local world size and node
-# count from the identities (:func:`distinit._identity.group_ranks`, torchrun's assignment), fills what the
-# environment left unknown, and raises :class:`ConflictingEnvError` when the environment disagrees with the
-# world. Every rank sees the same rows, so every rank raises the same error.
-#
-# Rows are JSON validated by pydantic (never pickle) with a fixed size, so a hostile or broken peer can send
-# garbage but cannot make this rank allocate more than ``ROW`` bytes per rank.
 #: Bytes each rank contributes: a magic, a 4-byte length, the JSON claim, zero padding.
 ROW = 1024
 MAGIC = b"distinit/world/1"
@@ -512,18 +432,6 @@ def _node_ranks(layout: NodeLayout, claimed: Mapping[HostIdentity, int]) -> dict
     taken = set(claimed.values())
     free = (n for n in range(layout.num_nodes + len(taken)) if n not in taken)
     return {h.label: claimed[h.identity] if h.identity in claimed else next(free) for h in layout.hosts}
-
-
-# --- init_verdict: A verdict reached during ``init_process_group`` (gloo's loopback trap), the same on every rank, at
-# once.
-# The join's ``state`` key already says ``ok`` when init runs, so a verdict found in init has a key of its
-# own, ``<namespace>g<generation>/init_verdict`` (first writer wins). The rank that recognises its own gloo
-# failure as the loopback trap publishes it; a rank whose init failed otherwise reads it before giving up on
-# the generation, so no rank starts a new generation for it (the ranks would drift apart, each waiting for
-# the others in another generation until the deadline). A rank still blocked in init (gloo's listener side
-# waits about five times its timeout for a peer that can never connect) learns it from :class:`InitWatch`, a
-# thread with its own store connection, and its caller raises it at once. The store host stays up until the
-# others have read it, at most :data:`distinit._board.LINGER` s (the key is a :class:`distinit._board.Board`).
 
 
 #: How often a blocked rank's watch looks for the verdict, and its store connection's bound.

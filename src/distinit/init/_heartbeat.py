@@ -10,6 +10,10 @@ watcher's own clock (no clock skew between hosts matters), means the rank died, 
 the watcher publishes a :class:`~distinit.errors.RankLostError` verdict, so every rank raises the same
 error naming it. Ranks that never arrived are not watched: they keep the late-worker patience of the
 deadline.
+
+Its parts: :class:`Heartbeat` (the beat and the watch while a rank waits in the join), :func:`follow_arrivals`
+(rank 0 learns who joined, in join order), and :func:`host_gone`: the store host (rank 0) died after this rank
+joined, said in seconds instead of "missing ranks [0]" later.
 """
 
 from __future__ import annotations
@@ -181,8 +185,6 @@ def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
         known.extend(int(value) for value in values)
 
 
-# --- host_lost: The store host (rank 0) died after this rank joined: say so in seconds instead of "missing ranks [0]"
-# later.
 # Rank 0's store dies with it, so no heartbeat verdict can be published. A joined rank whose store call fails
 # (whatever it raised) probes MASTER_ADDR:MASTER_PORT and lets :func:`~distinit.init._policy.judge_store_host`
 # decide from what the probes saw since the failure: nothing served for the loss bound and nothing listens now

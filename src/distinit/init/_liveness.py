@@ -16,14 +16,21 @@ facts recorded while they happen:
 
 :func:`judge` (pure) names the culprit: the one rank that stopped without being a consequence, or the first of
 several when its stop precedes the next by more than one beat and the margin; otherwise it says "unknown" and
-lists the facts. The first rank to judge publishes the finding on the ``lost`` board (first writer wins), so
-every rank words it alike. Rank 0 hosts the store and may be a consequence too, so before it leaves, every
-live rank learns the finding without reading the store in its failing main thread: rank 0's beat carries a
-``|lost`` mark once the board holds a finding, the other ranks' liveness threads (which read rank 0's beat
-every beat) then read and cache it, and rank 0 stays up until they acknowledged it or a few beats passed.
-A rank whose store is gone and that has no cached finding judges rank 0 from its own probes: gone (same host:
-its pid; else its port refuses connections) without a finding means it stopped first, unless a launcher that
-stops a failed worker's siblings (torchrun) may have stopped it: then "unknown".
+lists the facts. A beat stopped for two beats is quick evidence but can be a starved thread, so while such
+silences alone decide between several stopped ranks the watch goes on up to the loss bound. The first rank to
+judge publishes the finding on the ``lost`` board (first writer wins), so every rank words it alike. Rank 0
+hosts the store and may be a consequence too, so before it leaves, every live rank learns the finding without
+reading the store in its failing main thread: rank 0's beat carries a ``|lost`` mark as soon as it holds a
+finding, the other ranks' liveness threads (which read rank 0's beat every beat) then read and cache it, and
+rank 0 stays up until every rank not proven gone (a silent one too) acknowledged it, or at most
+:meth:`Liveness.hold` s. A rank whose store is gone and that has no cached finding judges rank 0 from its own
+probes: gone (same host: its pid; else its port refuses connections) while its beat, read here shortly before,
+carried neither the mark nor ``bye``, means it stopped first; "unknown" when this rank's watch had not read
+that beat for long enough to miss the mark, or when a launcher that stops a failed worker's siblings
+(torchrun) may have stopped it.
+
+Its parts: the facts (:class:`ExitRecord`, :class:`RankFacts`) and the judgement over them (:func:`judge`,
+its :class:`Finding`); then :class:`Liveness`, the watch itself.
 """
 
 from __future__ import annotations
@@ -98,7 +105,6 @@ def clock_text(wall: float | None) -> str:
     return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-4] + " UTC"
 
 
-# --- facts: what one rank is known to have done, and the judgement over all of them ---------------------
 ExitKind = Literal["peer", "error"]
 State = Literal["beating", "silent", "gone", "bye"]
 
@@ -180,11 +186,7 @@ def judge(facts: Sequence[RankFacts], *, margin: float) -> Finding:
     skew) before the next; else "unknown" with the facts. Ranks still beating are never named.
     """
     consequences = [f for f in facts if f.record is not None and f.record.kind == "peer"]
-    stopped = [
-        f
-        for f in facts
-        if f not in consequences and (f.state != "beating" or (f.record is not None and f.record.kind == "error"))
-    ]
+    stopped = _stopped(facts)
     after = _after(consequences)
     if not stopped:
         return Finding(
@@ -207,6 +209,27 @@ def judge(facts: Sequence[RankFacts], *, margin: float) -> Finding:
     )
 
 
+def unsettled(facts: Sequence[RankFacts]) -> bool:
+    """Whether a beat that merely stopped would decide between several stopped ranks (pure).
+
+    Two beats missed can be a thread starved on a loaded host, not a dead rank: such a rank could be named
+    first, or make the verdict "unknown", while the dead rank is known. Its silence is worth watching longer,
+    up to the loss bound. A rank gone from this host, said bye or left a record is a fact already.
+    """
+    stopped = _stopped(facts)
+    return len(stopped) > 1 and any(f.state == "silent" and f.record is None for f in stopped)
+
+
+def _stopped(facts: Sequence[RankFacts]) -> list[RankFacts]:
+    """The ranks that stopped without being a consequence: not beating, or left an error record."""
+    return [
+        f
+        for f in facts
+        if not (f.record is not None and f.record.kind == "peer")
+        and (f.state != "beating" or (f.record is not None and f.record.kind == "error"))
+    ]
+
+
 def _after(consequences: Sequence[RankFacts]) -> str:
     if not consequences:
         return ""
@@ -214,7 +237,6 @@ def _after(consequences: Sequence[RankFacts]) -> str:
     return f"; consequences (left because a collective failed on a peer): rank {ranks}"
 
 
-# --- the watch itself ----------------------------------------------------------------------------------
 class Liveness:
     """After :func:`distinit.setup`: who every rank is (host, pid) and when it last beat, cheap to consult.
 
@@ -248,7 +270,9 @@ class Liveness:
         self._thread: threading.Thread | None = None
         self._seq = 0
         self.finding: str | None = None  # the published finding, once this rank has read it
-        self.alive: set[int] = set()  # rank 0: the ranks still beating when it judged (they acknowledge)
+        self.alive: set[int] = set()  # rank 0: the ranks not proven gone when it judged (they acknowledge)
+        self._rank0: tuple[float, bytes] | None = None  # not rank 0: rank 0's beat as last read, and when
+        self._failed_at: float | None = None  # when this rank's watch found the store gone
 
     @property
     def _board(self) -> Board:
@@ -331,6 +355,7 @@ class Liveness:
         except (RuntimeError, OSError, ValueError, AttributeError) as exc:
             # The store went away (or was let go of by stop()): nothing left to watch.
             if not self._stop.is_set():
+                self._failed_at = time.monotonic()
                 logger.debug("rank %d: liveness watch stopped: %s", self.rank, exc)
         finally:
             if not dist.is_initialized():
@@ -368,8 +393,10 @@ class Liveness:
         values = self.store.multi_get([f"beat/{r}" for r in present])
         now, out = time.monotonic(), []
         for rank, value in zip(present, values, strict=True):
-            if rank == 0 and self.rank != 0 and value.endswith(MARK.encode()):
-                self._learn()
+            if rank == 0 and self.rank != 0:
+                self._rank0 = (now, value)
+                if value.endswith(MARK.encode()):
+                    self._learn()
             if value == BYE.encode():  # left on purpose (teardown): never silent
                 seen.pop(rank, None)
                 continue
@@ -422,29 +449,51 @@ class Liveness:
             if published is None:
                 published = self._judge(time.monotonic() + bound)
             self.finding = published
+            self._mark()
             return published
         except (RuntimeError, OSError, AttributeError):  # AttributeError: the store was let go of
             if self.finding is not None:  # learnt by the thread meanwhile
                 return self.finding
-            return self._store_gone()
+            return self._store_gone(self.hold(bound))
         finally:
             with contextlib.suppress(RuntimeError, OSError, AttributeError):
                 self._board.acknowledge()
 
     def _judge(self, end: float) -> str:
-        """Watch every peer for :attr:`window` s (or until a finding is published), judge, publish."""
+        """Watch every peer for :attr:`window` s (or until a finding is published), judge, publish.
+
+        A peer whose beat stopped for two beats counts as stopped, which is quick but can be a starved thread
+        on a loaded host. So while that alone decides between several stopped ranks (:func:`unsettled`),
+        the watch goes on up to the loss bound (``stale``) since it began: a peer that beats again is alive.
+        """
         peers = [r for r in range(self.world_size) if r != self.rank]
         present = self._present(peers, "who")
         values = self.store.multi_get([f"who/{r}" for r in present]) if present else []
         self._who.update((r, text(value)) for r, value in zip(present, values, strict=True))
         seen: dict[int, tuple[bytes, float]] = {}
         self._silent(peers, seen, math.inf)  # the beats as they are now
-        quiet_end = min(end, time.monotonic() + self.window)
+        began = time.monotonic()
+        quiet_end, firm_end = min(end, began + self.window), min(end, began + self._stale)
         while time.monotonic() < quiet_end:
             published = self._board.read()
             if published is not None:
                 return published
             time.sleep(min(0.1, self._beat_every))
+        facts = self._facts(peers, seen)
+        while unsettled(facts) and time.monotonic() < firm_end:
+            published = self._board.read()
+            if published is not None:
+                return published
+            time.sleep(min(0.25, self._beat_every))
+            facts = self._facts(peers, seen)
+        finding = judge(facts, margin=self._beat_every + 0.5)
+        # The ranks rank 0 waits for before it takes the store away: every peer not proven gone but the culprit.
+        self.alive = {f.rank for f in facts if f.state in ("beating", "silent") and f.rank != finding.culprit}
+        self.alive.add(self.rank)
+        return self._board.publish(finding.text) or finding.text
+
+    def _facts(self, peers: list[int], seen: dict[int, tuple[bytes, float]]) -> list[RankFacts]:
+        """Every peer as the store and this host show it now (``seen``: the beats as first seen, updated)."""
         silent = {s.rank: s for s in self._silent(peers, seen, 2 * self._beat_every)}
         beating = self._present(peers, "beat")
         beats = dict(zip(beating, self.store.multi_get([f"beat/{r}" for r in beating]), strict=True))
@@ -465,12 +514,36 @@ class Liveness:
             if last is None and rank in seen:
                 last = _wall(seen[rank][0])
             facts.append(RankFacts(rank, self.describe(rank), state, last, exits.get(rank)))
-        finding = judge(facts, margin=self._beat_every + 0.5)
-        self.alive = {f.rank for f in facts if f.state == "beating"} | {self.rank}
-        return self._board.publish(finding.text) or finding.text
+        return facts
 
-    def _store_gone(self) -> str:
-        """This rank's store calls fail and it holds no finding: is rank 0, the store host, gone?"""
+    def hold(self, bound: float) -> float:
+        """How long rank 0 keeps the store up for the ranks that have not read the finding (seconds).
+
+        ``bound``, but at least four beats, so that a watch reading rank 0's beat once a beat cannot miss the mark.
+        """
+        return max(bound, 4 * self._beat_every)
+
+    def _mark(self) -> None:
+        """Rank 0 holds a finding: mark its beat now (its thread keeps the mark), so every watch learns it."""
+        if self.rank == 0:
+            with contextlib.suppress(RuntimeError, OSError, AttributeError):
+                self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}{MARK}")
+
+    def _missed_for(self) -> float | None:
+        """Seconds between this rank's last read of rank 0's beat and the store failing (None: never read)."""
+        if self._rank0 is None:
+            return None
+        failed = self._failed_at if self._failed_at is not None else time.monotonic()
+        return max(0.0, failed - self._rank0[0])
+
+    def _store_gone(self, hold: float) -> str:
+        """This rank's store calls fail and it holds no finding: is rank 0, the store host, gone, and first?
+
+        Rank 0 marks its beat as soon as it holds a finding and keeps the store up ``hold`` s for the ranks
+        that have not read it, and a leaving rank 0 writes ``bye``. So rank 0 gone with neither read here is
+        evidence that it stopped first only if this rank's watch read its beat shortly before the store
+        failed (within ``hold`` less a beat and a margin): else the mark may have come and gone unseen.
+        """
         who = self.describe(0)
         host_pid = self._who.get(0)
         if host_pid is not None and host_pid.partition("|")[0] == self.host:
@@ -489,7 +562,23 @@ class Liveness:
                 "stops every worker of its node when one fails, so rank 0 may have been stopped for another worker "
                 "(the agent's log names the first to fail)"
             )
-        return f"{who}: the store host is gone ({evidence}) and left no finding or exit record: it stopped first"
+        if self._rank0 is not None and self._rank0[1] == BYE.encode():
+            return (
+                f"unknown: {who}, the store host, left through teardown() (its last beat said bye) without a finding, "
+                "so which rank stopped first is not known here; see rank 0's log"
+            )
+        missed = self._missed_for()
+        if missed is None or missed > hold - self._beat_every - 0.5:
+            seen = "never" if missed is None else f"{missed:.1f} s before the store failed"
+            return (
+                f"unknown: {who}, the store host, is gone ({evidence}); this rank last read its beat {seen}, long "
+                f"enough for a finding rank 0 held for {hold:.0f} s to go unseen (a starved or frozen watch here), "
+                "so rank 0 may have left as a consequence; see the other ranks' logs"
+            )
+        return (
+            f"{who}: the store host is gone ({evidence}) and left no finding or exit record (its beat, read "
+            f"{missed:.1f} s before the store failed, carried neither): it stopped first"
+        )
 
     def _port_refuses(self) -> tuple[bool, str]:
         """Probe MASTER_ADDR:MASTER_PORT a few times (at most ~1.5 s): does nothing serve it any more?"""
@@ -509,9 +598,9 @@ class Liveness:
         return False, f"a probe of {addr}:{port} says {sign}: {detail}"
 
     def linger(self, bound: float) -> None:
-        """Rank 0 (the store host): stay up until the ranks still beating read the finding, or ``bound`` s."""
+        """Rank 0 (the store host): stay up until the ranks not proven gone read the finding, or :meth:`hold` s."""
         expected = len(self.alive) if self.alive else self.world_size
-        self._board.linger(bound=bound, settled=lambda seen: seen >= expected, quiet=0.0)
+        self._board.linger(bound=self.hold(bound), settled=lambda seen: seen >= expected, quiet=0.0)
 
 
 class _Silent:

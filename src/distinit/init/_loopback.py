@@ -12,6 +12,10 @@ rank waits for a connection that never comes (measured on torch 2.13: about five
 hosts (:func:`spans_hosts`).
 
 The host's addresses and interfaces come from :mod:`distinit._net`.
+
+Its parts: what this host would advertise (:func:`advertised`, :func:`spans_hosts`, :func:`loopback_remote`),
+and the preflight (:func:`preflight` and the ``check_*`` functions): local, instant checks before any network
+traffic, where every failure is a misconfiguration, never retried.
 """
 
 from __future__ import annotations
@@ -166,8 +170,6 @@ def route_interface(master_addr: str | None, port: int | None) -> str | None:
     return next((name for name, ip in interfaces() if ip == source), None)
 
 
-# --- preflight: Local, instant checks before any network traffic; every failure here is a misconfiguration (never
-# retried).
 #: A Slurm hostlist (``dnode[1-2]``, ``dnode[01,03]``) or a comma-separated list of hosts; an IPv6
 #: literal in brackets (``[::1]``) holds colons, never only digits, commas and dashes.
 _HOSTLIST = re.compile(r"\[[0-9][0-9,\-]*\]|,")

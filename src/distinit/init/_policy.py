@@ -39,7 +39,6 @@ default_pg_timeout: timedelta = _torch_constants.default_pg_timeout
 #: ``default_pg_timeout``, 30 min, and torch 2.1 has no ``default_pg_nccl_timeout`` to import).
 default_pg_nccl_timeout: timedelta | None = getattr(_torch_constants, "default_pg_nccl_timeout", None)
 
-# --- attempt: The one internal exception for a failed-but-retryable attempt, carrying what the attempt saw.
 #: Why an attempt failed in a way that waiting may cure.
 FailureKind = Literal[
     "refused",  # nothing listens on MASTER_PORT yet (master not up)
@@ -114,7 +113,6 @@ def quote(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc, limit=200)}"
 
 
-# --- backoff: The pause between rendezvous attempts, as a small pure policy object.
 class Backoff(BaseModel):
     """Pause between rendezvous attempts: ``initial * factor**(n-1)``, capped at ``cap``, plus jitter.
 
@@ -216,7 +214,6 @@ def next_pause(
 Backoff.__module__ = "distinit.init"
 
 
-# --- grace: How long a failure may persist before it becomes its specific error: a pure policy over a fake-able clock.
 # Some failures cure themselves (a DNS record that appears late, a previous run freeing its port), so the
 # rendezvous keeps retrying them; only when one kind of failure has lasted for its whole grace period does
 # waiting stop and the specific error (``MasterUnreachableError``, ``PortInUseError``) replace the generic
@@ -276,7 +273,6 @@ class Grace:
         self._streak = None
 
 
-# --- pace: How often a rank waiting in the join polls and beats: scaled with the world so one store's load stays flat.
 # Every waiting rank polls the ``state`` key, writes its beat and reads the beat it watches, so a world of N
 # ranks costs the store about ``N x (1 / poll + 2 / beat)`` operations per second while it waits. At the base
 # intervals (``poll`` 0.25 s, ``beat`` 1 s) that is 6 operations per rank per second: 6,000/s at 1,000 ranks,
@@ -376,7 +372,6 @@ def loss_bound(environ: Mapping[str, str]) -> float | None:
     return value
 
 
-# --- store host: Did the store host (rank 0) leave? A pure judgement over what the probes of its port saw.
 # Rank 0's store dies with it, so no heartbeat verdict can be published about it. A joined rank whose store
 # connection fails (reset, EOF, refused, a timeout: whichever the call met first, it is only the trigger)
 # probes MASTER_ADDR:MASTER_PORT and judges from the probes alone, counted from the failure. A dying process's

@@ -2,7 +2,15 @@
 
 Rank 0 checks that MASTER_ADDR is this host, then binds and serves the store; the others probe the master
 until a TCPStore answers, then connect with bounds; a failure that persists past its grace period becomes
-its specific error (:func:`specific_error`).
+its specific error (:func:`specific_error`). Its parts:
+
+* :func:`host_store` and :func:`connect_store` -- the store itself: rank 0 hosts one TCPStore for the whole
+  deadline, the others connect with bounds;
+* :func:`specific_error` -- the cause of a failure that persisted, named, with the port's holder looked up;
+* :func:`check_hosting_addr` -- is MASTER_ADDR this host? Rank 0 checks before hosting the store, so a
+  wrong address fails at once;
+* :func:`host`, :func:`connect` and :func:`escalate` -- reaching the store: rank 0 binds and serves it, the
+  others probe the master until a TCPStore answers.
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ from distinit.init._thread import Abandoned
 
 logger = logging.getLogger("distinit.init")
 
-# --- store: The rendezvous store: rank 0 hosts one TCPStore for the whole deadline; the others connect with bounds.
 _BUSY_MARKERS = ("EADDRINUSE", "Address already in use", "errno: 98")
 
 
@@ -176,7 +183,6 @@ def connect_store(host: str, port: int, *, timeout: float) -> TCPStore:
     return store
 
 
-# --- diagnose: Name the cause of a failure that persisted: the specific error, with the port's holder looked up.
 #: Failure kinds whose persistence has a specific error (the others end as ``RendezvousTimeoutError``).
 SPECIFIC = ("dns", "unreachable", "timeout", "foreign", "port_busy")
 
@@ -219,7 +225,6 @@ def specific_error(failure: AttemptFailed, lasted: float, master: Master) -> Ren
     return _messages.foreign_listener(master=master.name, seconds=lasted, holder=holder, rank=master.rank)
 
 
-# --- whereami: Is MASTER_ADDR this host? Rank 0 checks before hosting the store, so a wrong address fails at once.
 # torch's store host also connects to MASTER_ADDR as a client; if MASTER_ADDR names another host, that
 # connect is refused (or vanishes) until the deadline, and every other rank waits on a host where no store
 # will ever run. So rank 0 resolves MASTER_ADDR and tries to bind each address (an address of this host
@@ -268,7 +273,6 @@ def _routes_here(family: int, ip: str, port: int) -> bool:
         return True
 
 
-# --- reach: Reaching the store: rank 0 binds and serves it; the others probe the master until a TCPStore answers.
 # A probe classifies why the master cannot be reached (refused, DNS, no route, black hole, a foreign
 # program), and a failure that persists past its grace period (:mod:`distinit.init._policy`) becomes its
 # specific error at once instead of the generic timeout at the deadline.

@@ -70,8 +70,14 @@ def _wait_files(where: Path, name: str, procs: list[subprocess.Popen[bytes]], ti
         time.sleep(0.05)
 
 
-def _run(where: Path, *, victim: int | None, during: bool, **spec: object) -> tuple[float, list[int]]:
-    """Start the world, end ``victim`` (SIGKILL) or let ``spec`` make a rank raise; when it ended, the pids."""
+def _run(
+    where: Path, *, victim: int | None, during: bool, stall: tuple[int, float] | None = None, **spec: object
+) -> tuple[float, list[int]]:
+    """Start the world, end ``victim`` (SIGKILL) or let ``spec`` make a rank raise; when it ended, the pids.
+
+    ``stall``: (rank, seconds) -- that rank is stopped (SIGSTOP) just before the kill and resumed that much
+    later: a live rank whose threads do not run for a while, as on a host under load.
+    """
     port = free_port()
     procs = [_start(r, port, where, **spec) for r in range(WORLD)]
     try:
@@ -80,10 +86,15 @@ def _run(where: Path, *, victim: int | None, during: bool, **spec: object) -> tu
         if during:
             (where / "go").touch()
             _wait_files(where, "looping", procs, 60)
+        if stall is not None:
+            os.kill(procs[stall[0]].pid, signal.SIGSTOP)
         killed_at = time.time()
         if victim is not None:
             os.kill(procs[victim].pid, signal.SIGKILL)
         (where / "go").touch()
+        if stall is not None:
+            time.sleep(stall[1])  # the fault itself: how long the rank does not run
+            os.kill(procs[stall[0]].pid, signal.SIGCONT)
         for proc in procs:
             proc.wait(timeout=90)
         return killed_at, pids
@@ -118,6 +129,23 @@ def test_every_survivor_names_the_killed_rank_within_6_s(tmp_path: Path, victim:
     # every survivor judged alone: then each names rank 0 from what it saw itself
     if victim != 0:
         assert len(messages) == 1, messages
+
+
+def test_a_live_rank_that_did_not_run_for_3_s_is_neither_named_nor_left_without_the_finding(tmp_path: Path) -> None:
+    """Rank 3 (other host) is stopped for 3 s as rank 1 is killed: its beat stops for longer than two beats.
+
+    Two missed beats alone must not decide between rank 1 (gone) and rank 3 (silent): rank 0 watches until
+    rank 3 beats again, names rank 1, and keeps the store up until rank 3 read the finding. Before, rank 0 said
+    "unknown" (two ranks stopped within a beat), left without waiting for rank 3, and rank 3, finding the store
+    gone, named rank 0.
+    """
+    _, pids = _run(tmp_path, victim=1, during=False, stall=(3, 3.0))
+    findings = _findings(tmp_path, [0, 2, 3])
+    for rank, finding in findings.items():
+        message = str(finding["message"])
+        assert f"went away: rank 1 (host hosta, pid {pids[1]})" in message, (rank, message)
+        assert "rank 3 (host" not in message.partition("consequences")[0], (rank, message)
+    assert len({str(f["message"]).partition("went away: ")[2] for f in findings.values()}) == 1
 
 
 def test_a_rank_that_raises_is_named_with_its_exception_and_the_others_as_consequences(tmp_path: Path) -> None:

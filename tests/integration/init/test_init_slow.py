@@ -7,7 +7,7 @@ The late rank comes :data:`LATE` = 12 s late with 3 s attempts and pauses capped
 with 10 s attempts until issue 27): the same code runs either way. The early rank's first attempts fail in
 full (the join times out naming the missing rank, or the connect is refused for the whole attempt), it pauses
 and retries, and the attempt in progress when the late rank calls forms the group. Neither failure kind has
-a grace period (``_grace``: refused and join are retried to the deadline), and the deadline (60 s) is far
+a grace period (``_policy.Grace``: refused and join are retried to the deadline), and the deadline (60 s) is far
 off, so no time-based branch is crossed at 40 s that is not at 12 s.
 """
 

@@ -11,11 +11,13 @@ The client and server are used exactly as torch's tests use them: ``timer.FileTi
 One case tests a torch defect and is replaced by a test of the fixed behaviour (its comment names the torch
 behaviour): ``test_expired_timers``. Two more, ``test_timer`` and ``test_get_timer_recursive``, SIGKILL the
 pytest process under torch 2.13 (its server signals itself after a reap); they run here unchanged, which is
-the test that distinit's server does not.
+the test that distinit's server does not. Two torch cases assert nothing and pass unless the process dies,
+``test_happy_path`` and ``test_watchdog_empty_queue``: here they assert what they port (their comments say what).
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import signal
 import time
@@ -111,10 +113,19 @@ def test_client_interaction(server: timer.FileTimerServer, file_path: str) -> No
     client.release.assert_called_once_with("test")
 
 
-def test_happy_path(server: timer.FileTimerServer, file_path: str) -> None:
+@mock.patch("distinit.watchdog.elastic.FileTimerServer._reap_worker")
+def test_happy_path(mock_reap: mock.MagicMock, server: timer.FileTimerServer, file_path: str) -> None:
+    # torch's case passes unless the process dies; what it ports is checked here: a region that ends in time
+    # reaches the server as one acquire and one release, leaves no timer, and nobody is reaped. torch's
+    # region is after=0.5 around a 0.1 s sleep; on 2 shared cores the sleep may overrun 0.5 s, so the bound
+    # here is 30 s (the server reads the FIFO however long the region lasted).
     timer.configure(timer.FileTimerClient(file_path))
-    with timer.expires(after=0.5):
+    with timer.expires(after=30):
         time.sleep(0.1)
+    server.run_once()  # reads every request already written, then stops the thread
+    assert server._request_count == 2
+    assert server._timers == {}
+    mock_reap.assert_not_called()
 
 
 def test_get_timer_recursive(server: timer.FileTimerServer, file_path: str) -> None:
@@ -235,8 +246,22 @@ def test_watchdog_call_count(idle_server: timer.FileTimerServer, file_path: str)
     assert int(wait / MAX_INTERVAL) - 1 <= calls <= int(max(wait, elapsed) / MAX_INTERVAL) + 1
 
 
-def test_watchdog_empty_queue(idle_server: timer.FileTimerServer) -> None:
+def test_watchdog_empty_queue(idle_server: timer.FileTimerServer, caplog: pytest.LogCaptureFixture) -> None:
+    # torch's case: "checks that the watchdog can run on an empty pipe", by starting it and passing unless
+    # the process dies. Checked here: the loop runs on the empty FIFO, finishes one more pass when asked
+    # and ends, reads nothing, holds no timer, and neither its loop nor a callback logged a failure.
+    events: list[str] = []
+    idle_server._log_event = lambda name, request: events.append(name)
     idle_server.start()
+    thread = idle_server._watchdog_thread
+    assert thread is not None and thread.is_alive()
+    idle_server.run_once()
+    assert not thread.is_alive()
+    assert idle_server._is_client_started  # the loop itself ran, not only run_once's fallback pass
+    assert idle_server._request_count == 0
+    assert idle_server._timers == {}
+    assert events == ["watchdog started"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @mock.patch("os.kill")

@@ -8,7 +8,7 @@ from distinit._identity import HostIdentity, RankClaim, shared_gpus
 from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError
 from distinit.init import _form
-from distinit.init._form import DevicePlan, plan_device
+from distinit.init._device import DevicePlan, plan_device
 
 # (backend, visible, CUDA_VISIBLE_DEVICES, LOCAL_RANK, LOCAL_WORLD_SIZE) -> plan (None: refused)
 PLANS = [

@@ -1,4 +1,4 @@
-"""The world's truth from host identities (``init._world``): rows, settling, conflicts. Pure, no network."""
+"""The world's truth from host identities (``init._form``): rows, settling, conflicts. Pure, no network."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import pytest
 import torch.distributed as dist
 
 from distinit.errors import RankLostError
-from distinit.init._liveness import ExitRecord, RankFacts, State, _wall, consequence, judge
+from distinit.init._liveness import ExitRecord, RankFacts, State, _wall, consequence, judge, unsettled
 
 T = 1_800_000_000.0  # a wall clock
 MARGIN = 1.5  # one beat and half a second
@@ -56,6 +56,20 @@ def test_of_two_stopped_ranks_the_first_is_named_only_when_clearly_first() -> No
     assert close.culprit is None
     assert close.text.startswith("unknown: 2 ranks stopped within 1.5 s of each other")
     assert "rank 1 (host h0, pid 101)" in close.text and "rank 3 (host h1, pid 103)" in close.text
+
+
+def test_only_a_silence_deciding_between_stopped_ranks_is_watched_longer() -> None:
+    # a beat stopped for two beats may be a starved thread: it must not decide between this and a dead rank
+    assert unsettled([facts(1, "gone", T), facts(3, "silent", T + 0.5)])
+    assert unsettled([facts(1, "silent", T), facts(3, "silent", T + 3.0)])
+    # one stopped rank, or several whose ends are facts (gone here, bye, an error record), is settled
+    assert not unsettled([facts(0, "beating", T + 3), facts(3, "silent", T)])
+    assert not unsettled([facts(1, "gone", T), facts(2, "bye", None), facts(3, "beating", T + 2)])
+    raised = ExitRecord("error", T, "ValueError: a bug")
+    assert not unsettled([facts(1, "gone", T), facts(3, "beating", T + 1, raised)])
+    # a silent consequence is no candidate, and a silent rank that left an error record is a fact
+    assert not unsettled([facts(1, "gone", T), facts(3, "silent", T, peer(T + 0.1))])
+    assert not unsettled([facts(1, "gone", T), facts(3, "silent", T, raised)])
 
 
 def test_a_stop_time_unknown_never_decides_the_order() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from distinit._duration import MAX_WAIT
-from distinit.init._form import choose_backend
+from distinit.init._device import choose_backend
 from distinit.init._policy import Bounds
 
 
