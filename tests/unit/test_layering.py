@@ -1,9 +1,10 @@
 """The import layering of the package, enforced: every import statement in src/distinit, lazy ones included.
 
 Imports point one way (STYLE.md section 1): the leaves (errors, durations, foreign-error text) import only the
-standard library; env imports no other capability and no torch; broadcast and watchdog know nothing of init or of
-each other; no capability imports the testing plugin, the CLI or the package face (``import distinit``); no module
-imports another package's ``_private`` module (shared helpers are top-level modules or a package's exports).
+standard library, and the torch seam (``_torch``) only torch besides; env imports no other capability and no
+torch; broadcast and watchdog know nothing of init or of each other; no capability imports the testing plugin,
+the CLI or the package face (``import distinit``); no module imports another package's ``_private`` module
+(shared helpers are top-level modules or a package's exports).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {
     "env": set(),
-    "init": {"env", "_identity"},
-    "broadcast": set(),
+    "init": {"env", "_identity", "_torch"},
+    "broadcast": {"_torch"},
     "watchdog": set(),
     "testing": {"env", "init", "broadcast", "watchdog"},
     "integrations": {"env", "init"},
@@ -103,6 +104,12 @@ def test_capability_imports_point_one_way(capability: str) -> None:
             elif name != "distinit" and _layer(name) not in allowed:
                 bad.append(f"{own} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_torch_seam_imports_only_torch_and_the_standard_library() -> None:
+    # distinit._torch is a leaf over torch (issue 35): the seams stay free of our own machinery.
+    foreign = {name.split(".")[0] for name in _imports(SRC / "_torch.py")} - set(sys.stdlib_module_names)
+    assert foreign <= {"__future__", "torch"}, f"distinit._torch imports {sorted(foreign)}"
 
 
 def test_env_never_imports_torch() -> None:
