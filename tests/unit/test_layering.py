@@ -1,12 +1,12 @@
 """The import layering of the package, enforced: every import statement in src/distinit, lazy ones included.
 
 The rules of docs/architecture.md, one test each (STYLE.md section 1): the leaves (errors, durations,
-foreign-error text, the probe, the board) import only the standard library; ``_identity`` imports no module of
-ours and no torch; env imports no other capability and no torch; broadcast and watchdog know nothing of init or of
-each other; rendezvous imports no init; no capability imports the testing plugin, the CLI or the package face
-(``import distinit``), and the one arrow into the CLI is ``doctor/__main__.py``; no module imports another
-package's ``_private`` module (shared helpers are top-level modules or a package's exports); inside init, every
-module imports only modules after it in :data:`INIT_ORDER`.
+foreign-error text, the probe, the board) import only the standard library, and the torch seam (``_torch``) only
+torch besides; ``_identity`` imports no module of ours and no torch; env imports no other capability and no
+torch; broadcast and watchdog know nothing of init or of each other; rendezvous imports no init; no capability
+imports the testing plugin, the CLI or the package face (``import distinit``), and the one arrow into the CLI is
+``doctor/__main__.py``; no module imports another package's ``_private`` module (shared helpers are top-level
+modules or a package's exports); inside init, every module imports only modules after it in :data:`INIT_ORDER`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {
     "env": set(),
-    "init": {"env", "_identity"},
-    "broadcast": set(),
+    "init": {"env", "_identity", "_torch"},
+    "broadcast": {"_torch"},
     "watchdog": set(),
     "testing": {"env", "init", "broadcast", "watchdog"},
     "integrations": {"env", "init"},
@@ -124,6 +124,12 @@ def test_capability_imports_point_one_way(capability: str) -> None:
             elif name != "distinit" and _layer(name) not in allowed:
                 bad.append(f"{own} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_torch_seam_imports_only_torch_and_the_standard_library() -> None:
+    # distinit._torch is a leaf over torch (issue 35): the seams stay free of our own machinery.
+    foreign = {name.split(".")[0] for name in _imports(SRC / "_torch.py")} - set(sys.stdlib_module_names)
+    assert foreign <= {"__future__", "torch"}, f"distinit._torch imports {sorted(foreign)}"
 
 
 def test_env_never_imports_torch() -> None:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed import HashStore
 
 from distinit._foreign import first_line
+from distinit._torch import default_store
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
 from distinit.init import _loopback
@@ -286,12 +287,12 @@ def _alone(
 
 def _watch(world_size: int) -> Liveness | None:
     """Keep the ranks' liveness after setup() (see :class:`~._liveness.Liveness`) on the group's store."""
-    default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
-    if world_size < 2 or default_store is None or not dist.is_initialized():
+    store = default_store() if world_size >= 2 else None
+    if store is None:
         return None
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     return Liveness.started(
-        dist.PrefixStore("distinit", default_store()),
+        dist.PrefixStore("distinit", store),
         rank=dist.get_rank(),
         world_size=world_size,
         environ=os.environ,

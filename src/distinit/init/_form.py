@@ -44,7 +44,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 
 import torch
@@ -65,6 +65,7 @@ from distinit._identity import (
     shared_gpus,
 )
 from distinit._net import interfaces
+from distinit._torch import pg_timeout_setter, reset_group_counter
 from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError, RendezvousError, SchedulerEnvError
 from distinit.init import _loopback, _messages
@@ -87,29 +88,24 @@ def init_group(
 ) -> None:
     """``init_process_group`` with its bootstrap bounded by ``bound``.
 
-    Without torch's private ``_set_pg_timeout`` the group is created with ``init_timeout`` instead
-    (torch's behaviour: the collective timeout also bounds the bootstrap).
+    Without torch's private ``_set_pg_timeout`` (see ``distinit._torch``) the group is created with
+    ``init_timeout`` instead (torch's behaviour: the collective timeout also bounds the bootstrap).
     """
     dist.init_process_group(
         backend,
         store=store,
         rank=rank,
         world_size=world_size,
-        timeout=bound if _set_pg_timeout() is not None else init_timeout,
+        timeout=bound if pg_timeout_setter() is not None else init_timeout,
         device_id=device_id,
     )
 
 
 def set_collective_timeout(timeout: timedelta) -> None:
     """Give the formed default group its collective timeout (no-op without the private API)."""
-    setter = _set_pg_timeout()
+    setter = pg_timeout_setter()
     if setter is not None:
         setter(timeout)
-
-
-def _set_pg_timeout() -> Callable[[timedelta], None] | None:
-    setter: Callable[[timedelta], None] | None = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    return setter
 
 
 def destroy_group(rank: int) -> bool:
@@ -120,23 +116,6 @@ def destroy_group(rank: int) -> bool:
         except (RuntimeError, AssertionError, ValueError) as exc:
             logger.debug("rank %d: destroy_process_group after a failed init: %s", rank, exc)
     return reset_group_counter()
-
-
-def reset_group_counter() -> bool:
-    """Undo torch's leaked group counter after a failed init (pytorch/pytorch#46561).
-
-    ``init_process_group`` bumps the private ``_world.group_count`` before anything can fail and never
-    rolls it back, so a retry in the same process uses ``default_pg/1`` keys while fresh peers use
-    ``default_pg/0``: they never meet. Feature-detected: returns False when the attribute is absent or
-    when process groups still exist (then the counter is in use and must not be touched).
-    """
-    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
-    if world is None or not isinstance(getattr(world, "group_count", None), int):
-        return False
-    if getattr(world, "pg_map", None) or world.group_count == 0:
-        return False
-    world.group_count = 0
-    return True
 
 
 class GroupFormer:

@@ -1,11 +1,12 @@
 """The rendezvous endpoint before torch touches it: does the name resolve, who hosts the store, can we reach it.
 
 torch's c10d backend decides who hosts the store by comparing the endpoint with ``gethostname()`` and the
-addresses that name resolves to (``_matches_machine_hostname``): an alias, a CNAME or a second NIC's address is
-no match, so nobody hosts and every agent waits 60 s for ``RendezvousConnectionError`` with no message
-(pytorch#64926). Here the decision also accepts any non-loopback endpoint address that binds on this host, and
-says which names and addresses it compared. A client agent probes the endpoint with init's probe first, so a
-refused port, a black hole, a foreign program or a name that does not resolve is named in seconds.
+addresses that name resolves to (``_matches_machine_hostname``, read in ``_torch``): an alias, a CNAME or a
+second NIC's address is no match, so nobody hosts and every agent waits 60 s for ``RendezvousConnectionError``
+with no message (pytorch#64926). Here the decision also accepts any non-loopback endpoint address that
+binds on this host, and says which names and addresses it compared. A client agent probes the endpoint
+with init's probe first, so a refused port, a black hole, a foreign program or a name that does not resolve
+is named in seconds.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from torch.distributed import TCPStore
-from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from distinit._net import ProbeResult, binds, is_loopback, port_holder, probe
 from distinit.rendezvous._errors import AgentRendezvousConnectionError
+from distinit.rendezvous._torch import matches_machine_hostname
 
 logger = logging.getLogger("distinit.rendezvous")
 
@@ -252,10 +254,8 @@ def _loopback_endpoint(host: str, port: int, addresses: tuple[str, ...]) -> Agen
 
 
 def _torch_match(host: str) -> bool:
-    try:
-        return bool(_matches_machine_hostname(host))
-    except (OSError, ValueError):
-        return False
+    # None: this torch has no such check; the binds test below still decides (less precisely for an alias).
+    return bool(matches_machine_hostname(host))
 
 
 def _is_loopback_literal(host: str) -> bool:

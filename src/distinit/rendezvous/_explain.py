@@ -18,6 +18,7 @@ from distinit.rendezvous._errors import (
     AgentRendezvousConnectionError,
     AgentRendezvousTimeoutError,
 )
+from distinit.rendezvous._torch import node_is
 
 DOCS = "docs/torchrun.md#troubleshooting"
 #: At most this many agents are named per line.
@@ -41,6 +42,7 @@ class Snapshot:
     beats: Mapping[int, float] = field(default_factory=dict)  # card index -> last beat (wall clock)
     beat_interval: float = 5.0
     now: float = 0.0  # wall clock at the verdict
+    torch_state: bool = True  # False: this torch's round state could not be read (round, both tuples unknown)
 
 
 def _clock(ts: float) -> str:
@@ -53,7 +55,7 @@ def _names(labels: Sequence[str]) -> str:
 
 
 def _in(card: AgentCard, nodes: Sequence[str]) -> bool:
-    return any(node.startswith(f"{card.node}_{card.pid}_") for node in nodes)
+    return any(node_is(key, node=card.node, pid=card.pid) for key in nodes)
 
 
 def _nnodes(snap: Snapshot) -> str:
@@ -71,17 +73,24 @@ def lost_agents(snap: Snapshot) -> list[tuple[AgentCard, float]]:
     return found
 
 
+def _joined(snap: Snapshot, alive: int) -> str:
+    if not snap.torch_state:  # the less precise wording: see _torch.round_state
+        return "how many had joined torch's round is unknown (distinit cannot read this torch's rendezvous state)."
+    head = f"{len(snap.participants)} had joined torch's round {snap.round} when it timed out"
+    return head + ("." if len(snap.participants) >= alive else " (the others that came wait elsewhere: see below).")
+
+
 def explain_timeout(snap: Snapshot) -> AgentRendezvousTimeoutError:
     """The timeout error for ``snap``: who joined, who stopped, who never came, why and the fix. Pure."""
     waiting = [card for card in snap.cards if _in(card, snap.wait_list)]
     lost = lost_agents(snap)
     lost_cards = [card for card, _ in lost]
     alive = [card for card in snap.cards if card not in lost_cards]
+    round_ = f"round {snap.round}" if snap.torch_state else "its round"
     lines = [
-        f"the rendezvous {snap.run_id!r} at {snap.endpoint} did not complete round {snap.round} in {snap.waited:.1f} s "
+        f"the rendezvous {snap.run_id!r} at {snap.endpoint} did not complete {round_} in {snap.waited:.1f} s "
         f"(join_timeout={snap.join_timeout:g} s): {len(alive)} of --nnodes={_nnodes(snap)} agents came "
-        f"(heart-beating on the store); {len(snap.participants)} had joined torch's round {snap.round} when it timed "
-        + ("out." if len(snap.participants) >= len(alive) else "out (the others that came wait elsewhere: see below).")
+        f"(heart-beating on the store); {_joined(snap, len(alive))}"
     ]
     if alive:
         lines.append("  came: " + _names([f"{c.label} (node {c.node}, since {_clock(c.started)})" for c in alive]))

@@ -55,6 +55,7 @@ from distinit.rendezvous._restart import (
     restart_line,
     verdict_line,
 )
+from distinit.rendezvous._torch import RoundState, forget_agent_store, round_state, this_node
 
 logger = logging.getLogger("distinit.rendezvous")
 
@@ -94,7 +95,7 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
         backend = C10dRendezvousBackend(store, params.run_id)
         store_host = decision.host
     inner = dynamic_rendezvous.create_handler(store, backend, params)
-    node = getattr(getattr(inner, "_this_node", None), "addr", None) or params.local_addr or socket.getfqdn()
+    node = this_node(inner) or params.local_addr or socket.getfqdn()
     nproc, max_restarts = launch_flags()
     card = local_card(
         run_id=params.run_id,
@@ -261,7 +262,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
         state = self._state()
         if waiting and not self._membership:
             self._membership = True  # torch restarts this node's workers now, without counting it
-            if any(repr(node) in self._previous for node in state.wait_list):
+            if any(node in self._previous for node in state.wait_list):
                 # A participant re-joins: its workers failed. Count the restart here too, so that
                 # TORCHELASTIC_RESTART_COUNT is the same on every node.
                 self._uncounted = not count_restart(self._agent)
@@ -341,8 +342,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
     # -- cards and heart-beats ---------------------------------------------------------------------------------
 
     def _publish(self, status: str) -> None:
-        state = getattr(getattr(self._inner, "_state_holder", None), "state", None)
-        round_ = int(getattr(state, "round", 0) or 0)
+        round_ = self._state().round
         self._card = AgentCard.model_validate({**self._card.model_dump(), "status": status, "round": round_})
         try:
             if self._index is None:
@@ -472,7 +472,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
 
     def _verdict_while_waiting(self) -> list[Disagreement]:
         """The fatal disagreements among torch's participants of the round being joined; others are reported."""
-        participants = tuple(repr(node) for node in self._state().participants)
+        participants = self._state().participants
         members, foreign = round_cards(self._card, self._others(), participants, formed=False)
         self._report_foreign(foreign)
         fatal = [d for d in disagreements(members) if d.fatal]
@@ -518,13 +518,17 @@ class DistinitRendezvousHandler(RendezvousHandler):
     def _check_round(self) -> None:
         """After a round formed: every participant's card agrees with ours, the same verdict on every agent."""
         state = self._state()
-        participants = tuple(repr(node) for node in state.participants)
-        waiting = tuple(repr(node) for node in state.wait_list)
         deadline = time.monotonic() + CARDS_WAIT
         while True:
             self._refresh()
-            cards, foreign = round_cards(self._card, self._others(), participants, formed=True, waiting=waiting)
-            if len(cards) >= len(participants) or time.monotonic() > deadline:
+            if state.known:
+                cards, foreign = round_cards(
+                    self._card, self._others(), state.participants, formed=True, waiting=state.wait_list
+                )
+            else:  # another torch, whose state is not readable: every card of this job is checked (a stale
+                # agent may be named too, but a disagreement is never missed)
+                cards, foreign = self._job_cards(), []
+            if (state.known and len(cards) >= len(state.participants)) or time.monotonic() > deadline:
                 break
             time.sleep(POLL)
         self._report_foreign(foreign)
@@ -542,7 +546,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 "test, but on a cluster it usually means torchrun was started twice on one node",
                 ", ".join(labels),
             )
-        self._previous = participants
+        self._previous = state.participants
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:
         if key in self._warned:
@@ -559,10 +563,8 @@ class DistinitRendezvousHandler(RendezvousHandler):
         refused`` or waits on a peer that never comes. Forgetting the server makes torch start a new one for the
         new round (on its new rank 0) and publish its port under the round's prefix.
         """
-        if not self.use_agent_store or not hasattr(self._inner, "_bootstrap_store_info"):
-            return
-        self._inner._bootstrap_store_info = None
-        self._inner._shared_tcp_store_server = None
+        if self.use_agent_store:
+            forget_agent_store(self._inner)
 
     def _log_restart(self, ended: int) -> None:
         count = restart_count(self._agent)
@@ -610,8 +612,8 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 logger.debug("skipping a failure record on the store: %s", exc)
         return found
 
-    def _state(self) -> Any:
-        return self._inner._state_holder.state
+    def _state(self) -> RoundState:
+        return round_state(self._inner)
 
     def _fail(self, error: BaseException, waited: float) -> None:
         self._refresh()
@@ -632,11 +634,12 @@ class DistinitRendezvousHandler(RendezvousHandler):
             snap = Snapshot(
                 run_id=self._card.run_id,
                 endpoint=self._endpoint,
-                round=int(state.round),
+                round=state.round,
                 min_nodes=self._card.min_nodes,
                 max_nodes=self._card.max_nodes,
-                participants=tuple(repr(node) for node in state.participants),
-                wait_list=tuple(repr(node) for node in state.wait_list),
+                participants=state.participants,
+                wait_list=state.wait_list,
+                torch_state=state.known,
                 waited=waited,
                 join_timeout=self._inner.settings.timeout.join.total_seconds(),
                 cards=tuple(cards),
@@ -658,10 +661,10 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 else None
             )
             raise explain_closed(
-                self._card.run_id, self._endpoint, int(self._state().round), self._job_cards(), ended=ended
+                self._card.run_id, self._endpoint, self._state().round, self._job_cards(), ended=ended
             ) from error
         if isinstance(error, RendezvousConnectionError):
-            participants = tuple(repr(node) for node in self._state().participants)
+            participants = self._state().participants
             members, _ = round_cards(self._card, self._others(), participants, formed=False)
             fatal = [d for d in disagreements(members) if d.fatal]
             if fatal:  # the agent hosting the store found it first and left

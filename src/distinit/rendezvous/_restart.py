@@ -25,6 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from distinit.rendezvous._torch import restart_budget, take_restart
+
 #: How many characters of a worker's first error line are kept.
 ERROR_CHARS = 200
 
@@ -114,20 +116,16 @@ def failures_of(result: Any, *, agent: str, node: str, round_: int, restart: int
 
 def restart_count(agent: Any | None) -> int | None:
     """The ``TORCHELASTIC_RESTART_COUNT`` for the agent's next workers, or ``None`` (no agent, or another torch)."""
-    remaining = getattr(agent, "_remaining_restarts", None)
-    spec = getattr(getattr(agent, "_worker_group", None), "spec", None)
-    if not isinstance(remaining, int) or not isinstance(getattr(spec, "max_restarts", None), int):
+    budget = restart_budget(agent)
+    if budget is None:
         return None
-    return int(spec.max_restarts - remaining)  # type: ignore[union-attr]
+    most, remaining = budget
+    return most - remaining
 
 
 def count_restart(agent: Any | None) -> bool:
     """Count a membership-change restart against ``--max-restarts`` as a failure restart; False if impossible."""
-    remaining = getattr(agent, "_remaining_restarts", None)
-    if not isinstance(remaining, int) or remaining <= 0:
-        return False
-    agent._remaining_restarts = remaining - 1  # type: ignore[union-attr]
-    return True
+    return take_restart(agent)
 
 
 def describe_failures(failures: Sequence[WorkerFailure]) -> str:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distinit._foreign import first_line
+from distinit._torch import foreach_copy
 from distinit.broadcast import _header
 from distinit.broadcast._group import CallContext
 from distinit.broadcast._mismatch import rank_error, ranks_phrase, timeout_error
@@ -171,12 +172,8 @@ def copy_back(out: torch.Tensor, staged: torch.Tensor) -> None:
 
 
 def copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    """Copy ``src[i]`` into ``dst[i]`` with one ``torch._foreach_copy_`` (a no-op for a tensor onto itself)."""
-    try:
-        torch._foreach_copy_(dst, src)
-    except RuntimeError:  # mixed devices on an older torch: one copy each
-        for d, s in zip(dst, src, strict=True):
-            d.copy_(s)
+    """Copy ``src[i]`` into ``dst[i]`` in one kernel where torch has one (a no-op for a tensor onto itself)."""
+    foreach_copy(dst, src)
 
 
 def broadcast_bytes(buf: torch.Tensor, ctx: CallContext) -> Any:
