@@ -333,7 +333,7 @@ class Liveness:
     def _run(self) -> None:
         try:
             seen: dict[int, tuple[bytes, float]] = {}
-            warned: set[int] = set()
+            warned: dict[int, float | None] = {}  # rank -> its last beat's wall clock when warned about
             while True:
                 if self.rank != 0 and 0 not in self._who and self.store.check(["who/0"]):
                     self._who[0] = text(self.store.get("who/0"))
@@ -344,10 +344,13 @@ class Liveness:
                 mark = MARK if self.rank == 0 and self.finding is not None else ""
                 self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}{mark}")
                 watched = [r for r in (range(self.world_size) if self.rank == 0 else (0,)) if r != self.rank]
-                for silent in self._silent(watched, seen, self._stale):
+                silent_now = self._silent(watched, seen, self._stale)
+                for silent in silent_now:
                     if silent.rank not in warned:
-                        warned.add(silent.rank)
+                        warned[silent.rank] = silent.last_wall
                         self._warn(silent)
+                for rank in set(warned) - {s.rank for s in silent_now}:
+                    self._back(rank, seen[rank][0] if rank in seen else None, warned.pop(rank))  # not seen: bye
                 if self._stop.wait(self._beat_every) or not dist.is_initialized():
                     # stopped, or the group was destroyed without teardown(): say so, then let go of its store
                     self.store.set(f"beat/{self.rank}", BYE)
@@ -427,12 +430,26 @@ class Liveness:
 
     def _warn(self, silent: _Silent) -> None:
         logger.warning(
-            "rank %d: %s stopped: no heartbeat for %.1f s (last seen %s); a collective with it will fail or hang",
+            "rank %d: %s has not beaten for %.1f s (last seen %s): it died, is frozen or starved (SIGSTOP, a C call "
+            "holding the GIL, swap) or lost the network; a collective with it waits until it beats again or fails",
             self.rank,
             self.describe(silent.rank),
             silent.silent_for,
             clock_text(silent.last_wall),
             extra={"distinit": {"event": "init.peer_lost", "rank": self.rank, "lost_rank": silent.rank}},
+        )
+
+    def _back(self, rank: int, beat: bytes | None, last_wall: float | None) -> None:
+        """A rank warned about beats again (``beat``) or said bye (None): it was alive, so the warning is withdrawn."""
+        now = _wall(beat) if beat is not None else None
+        gap = f" after {now - last_wall:.1f} s" if now is not None and last_wall is not None else ""
+        how = f"beats again{gap}" if beat is not None else "left through teardown()"
+        logger.warning(
+            "rank %d: %s %s: it was alive (frozen or starved, not lost); the warning above is withdrawn",
+            self.rank,
+            self.describe(rank),
+            how,
+            extra={"distinit": {"event": "init.peer_back", "rank": self.rank, "back_rank": rank}},
         )
 
     def record_exit(self, kind: ExitKind, detail: str) -> None:

@@ -1,14 +1,16 @@
 """A rank that calls setup(), says it is ready, waits for the test's go, then all_reduces until something fails.
 
-argv: a JSON spec (``dir``: the test's tmp dir; ``hold``: "spin" to hold the GIL in a thread after setup;
-``mode``: "finish" for a normal end, rank 0 working ``work`` s longer than the others; ``raise``: rank
-``raiser`` raises ValueError after the go). Each rank writes what distinit logs about who went away to
+argv: a JSON spec (``dir``: the test's tmp dir; ``mode``: "finish" for a normal end, rank 0 working ``work`` s
+longer than the others; "raise": rank ``raiser`` raises ValueError after the go; "gil": after the go, rank
+``holder`` holds the GIL for ``hold`` s in one C call while the others wait in an all_reduce with it, then every
+rank all_reduces once more and tears down). Each rank writes what distinit logs about who went away to
 ``finding<rank>.json`` (the first such message and its time).
 Uncaught errors end the process as a user's script would (traceback, atexit teardown).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -31,6 +33,8 @@ class _Findings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         info = getattr(record, "distinit", {})
+        if info.get("event") == "init.peer_back":
+            (self.where / f"back{info.get('rank')}").touch()
         path = self.where / f"finding{info.get('rank')}.json"
         if info.get("event") in ("init.peer_closed", "init.own_failure", "init.peer_named") and not path.exists():
             line = {"rank": info["rank"], "at": record.created, "message": record.getMessage()}  # the first
@@ -68,6 +72,20 @@ def main() -> None:
         time.sleep(0.02)
     tensor = torch.ones(1)
     (where / f"looping{rank}").touch()
+    if spec.get("mode") == "gil":
+        if rank == spec["holder"]:
+            # libc's sleep through ctypes.PyDLL, which keeps the GIL: no thread of this process runs meanwhile
+            ctypes.PyDLL(None).sleep(int(spec["hold"]))
+        dist.all_reduce(tensor)
+        dist.all_reduce(tensor)
+        assert tensor.item() == dist.get_world_size() ** 2, tensor  # two sums of ones: nothing was lost
+        if rank == 0:  # its watch warned about the holder: wait (bounded) until it withdraws the warning
+            end = time.monotonic() + 30
+            while not (where / "back0").exists() and time.monotonic() < end:
+                time.sleep(0.05)
+        distinit.teardown()
+        (where / f"done{rank}").touch()
+        return
     if spec.get("mode") == "raise" and rank == spec["raiser"]:
         dist.all_reduce(tensor)  # one collective together first, so the others are in the next one
         raise ValueError("a bug in rank's own code")
