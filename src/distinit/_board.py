@@ -60,6 +60,10 @@ class Board:
         """Publish ``verdict`` unless another was first; the value on the board now (``verdict`` if ours won)."""
         return text(self.store.compare_set(self.key, "", verdict))
 
+    def replace(self, old: str, verdict: str) -> str:
+        """Put ``verdict`` in place of ``old`` (what the caller read and rejects) unless the board changed since."""
+        return text(self.store.compare_set(self.key, old, verdict))
+
     def read(self) -> str | None:
         """The published value, or None."""
         if not self.store.check([self.key]):

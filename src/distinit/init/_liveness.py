@@ -209,6 +209,17 @@ def judge(facts: Sequence[RankFacts], *, margin: float) -> Finding:
     )
 
 
+#: What a finding starts with: a rank named as :meth:`RankFacts.fact` words it, or "unknown: ".
+FINDING = re.compile(r"(rank \d+[ :]|unknown: )")
+#: The longest finding read from the store (facts about every rank of a large world fit).
+FINDING_MAX = 1 << 16
+
+
+def is_finding(value: str) -> bool:
+    """Whether ``value`` has the shape of a finding :func:`judge` words (pure): never junk shown as one."""
+    return len(value) <= FINDING_MAX and FINDING.match(value) is not None and value.isprintable()
+
+
 def unsettled(facts: Sequence[RankFacts]) -> bool:
     """Whether a beat that merely stopped would decide between several stopped ranks (pure).
 
@@ -273,6 +284,7 @@ class Liveness:
         self.alive: set[int] = set()  # rank 0: the ranks not proven gone when it judged (they acknowledge)
         self._rank0: tuple[float, bytes] | None = None  # not rank 0: rank 0's beat as last read, and when
         self._failed_at: float | None = None  # when this rank's watch found the store gone
+        self._junk_seen = False  # the 'lost' key held something no rank wrote (warned once)
 
     @property
     def _board(self) -> Board:
@@ -338,7 +350,7 @@ class Liveness:
                 if self.rank != 0 and 0 not in self._who and self.store.check(["who/0"]):
                     self._who[0] = text(self.store.get("who/0"))
                 if self.rank == 0 and self.finding is None:
-                    self.finding = self._board.read()
+                    self.finding = self._published()
                     self._announce()
                 self._seq += 1
                 mark = MARK if self.rank == 0 and self.finding is not None else ""
@@ -367,7 +379,7 @@ class Liveness:
     def _learn(self) -> None:
         """Rank 0's beat carries the mark: read the finding once, keep it, and acknowledge it."""
         if self.finding is None:
-            self.finding = self._board.read()
+            self.finding = self._published()
             if self.finding is not None:
                 self._board.acknowledge()
                 self._announce()
@@ -416,6 +428,30 @@ class Liveness:
             return ranks
         return [r for r in ranks if self.store.check([f"{name}/{r}"])]
 
+    def _published(self) -> str | None:
+        """The finding on the ``lost`` board, or None (none yet, or something no rank of ours wrote)."""
+        return self._checked(self._board.read())
+
+    def _checked(self, value: str | None) -> str | None:
+        """``value`` if it is a finding as :func:`judge` words them, else None, warned about once.
+
+        Any client of the store can write the ``lost`` key; what is not a finding is never printed as one (each
+        rank then judges and words for itself).
+        """
+        if value is None or is_finding(value):
+            return value
+        if not self._junk_seen:
+            self._junk_seen = True
+            logger.warning(
+                "rank %d: the store's 'lost' key holds %d characters that are no finding of distinit's (%r...): "
+                "ignored; another client of the store wrote it",
+                self.rank,
+                len(value),
+                value[:40],
+                extra={"distinit": {"event": "init.board_junk", "rank": self.rank}},
+            )
+        return None
+
     def describe(self, rank: int) -> str:
         """``rank 1 (host gpu-b, pid 902)``, from ``who/<rank>`` (read once), or just ``rank 1``."""
         who = self._who.get(rank)
@@ -426,6 +462,8 @@ class Liveness:
         if who is None:
             return f"rank {rank}"
         host, _, pid = who.partition("|")
+        if not _plausible_who(host, pid):
+            return f"rank {rank} (its who key holds no host|pid: {who[:40]!r})"
         return f"rank {rank} (host {host}, pid {pid})"
 
     def _warn(self, silent: _Silent) -> None:
@@ -462,7 +500,7 @@ class Liveness:
         if self.finding is not None:
             return self.finding
         try:
-            published = self._board.read()
+            published = self._published()
             if published is None:
                 published = self._judge(time.monotonic() + bound)
             self.finding = published
@@ -492,13 +530,13 @@ class Liveness:
         began = time.monotonic()
         quiet_end, firm_end = min(end, began + self.window), min(end, began + self._stale)
         while time.monotonic() < quiet_end:
-            published = self._board.read()
+            published = self._published()
             if published is not None:
                 return published
             time.sleep(min(0.1, self._beat_every))
         facts = self._facts(peers, seen)
         while unsettled(facts) and time.monotonic() < firm_end:
-            published = self._board.read()
+            published = self._published()
             if published is not None:
                 return published
             time.sleep(min(0.25, self._beat_every))
@@ -507,7 +545,10 @@ class Liveness:
         # The ranks rank 0 waits for before it takes the store away: every peer not proven gone but the culprit.
         self.alive = {f.rank for f in facts if f.state in ("beating", "silent") and f.rank != finding.culprit}
         self.alive.add(self.rank)
-        return self._board.publish(finding.text) or finding.text
+        published = self._board.publish(finding.text)
+        if self._checked(published) is None:  # junk from another store client: ours takes its place
+            published = self._board.replace(published, finding.text)
+        return self._checked(published) or finding.text
 
     def _facts(self, peers: list[int], seen: dict[int, tuple[bytes, float]]) -> list[RankFacts]:
         """Every peer as the store and this host show it now (``seen``: the beats as first seen, updated)."""
@@ -523,10 +564,10 @@ class Liveness:
             state: State = "beating"
             if beat == BYE.encode():
                 state = "bye"
-            elif rank in self._who and _gone_here(self._who[rank], self.host):
-                state = "gone"
             elif rank in silent:
-                state = "silent"
+                # its pid gone from this host decides, but only with its beat stopped: the who key is a claim
+                # any store client can overwrite, the beat is what the rank itself does
+                state = "gone" if rank in self._who and _gone_here(self._who[rank], self.host) else "silent"
             last = silent[rank].last_wall if rank in silent else (_wall(beat) if beat is not None else None)
             if last is None and rank in seen:
                 last = _wall(seen[rank][0])
@@ -584,6 +625,11 @@ class Liveness:
                 f"unknown: {who}, the store host, left through teardown() (its last beat said bye) without a finding, "
                 "so which rank stopped first is not known here; see rank 0's log"
             )
+        if self._rank0 is not None and self._rank0[1].endswith(MARK.encode()):
+            return (
+                f"unknown: {who}, the store host, is gone ({evidence}); its beat said it held a finding, which this "
+                "rank could not read (see rank 0's log), so rank 0 did not stop first"
+            )
         missed = self._missed_for()
         if missed is None or missed > hold - self._beat_every - 0.5:
             seen = "never" if missed is None else f"{missed:.1f} s before the store failed"
@@ -632,6 +678,11 @@ def _wall(beat: bytes) -> float | None:
         return float(parts[1]) if len(parts) > 1 else None
     except ValueError:
         return None
+
+
+def _plausible_who(host: str, pid: str) -> bool:
+    """``host|pid`` as a rank writes it: a printable host name (no spaces) and a decimal pid."""
+    return 0 < len(host) <= 255 and host.isprintable() and " " not in host and pid.isascii() and pid.isdigit()
 
 
 def _gone_here(who: str, host: str) -> bool:

@@ -3,8 +3,9 @@
 argv: a JSON spec (``dir``: the test's tmp dir; ``mode``: "finish" for a normal end, rank 0 working ``work`` s
 longer than the others; "raise": rank ``raiser`` raises ValueError after the go; "gil": after the go, rank
 ``holder`` holds the GIL for ``hold`` s in one C call while the others wait in an all_reduce with it, then every
-rank all_reduces once more and tears down). Each rank writes what distinit logs about who went away to
-``finding<rank>.json`` (the first such message and its time).
+rank all_reduces once more and tears down; "junk": right after setup, rank ``forger`` writes junk to the
+finding's store key and a forged host|pid to its own who key, then every rank loops as by default). Each rank
+writes what distinit logs about who went away to ``finding<rank>.json`` (the first such message and its time).
 Uncaught errors end the process as a user's script would (traceback, atexit teardown).
 """
 
@@ -55,6 +56,12 @@ def main() -> None:
     log.setLevel(logging.DEBUG)
     result = distinit.setup("gloo", deadline=60, attempt_timeout=30)
     rank = result.env.rank
+    if spec.get("mode") == "junk" and rank == spec["forger"]:
+        # What any client of the store can write (done from here: the keys carry torch's group prefix): junk on
+        # the finding's key, and this live rank's who key claiming a pid that does not exist on rank 0's host.
+        store = dist.PrefixStore("distinit", dist.distributed_c10d._get_default_store())
+        store.set("lost", "\x1b[31mrank 2 did it\x00")
+        store.set(f"who/{rank}", "hosta|4000000")
     (where / f"ready{rank}").write_text(str(os.getpid()))
     if spec.get("mode") == "finish":
         # A normal end: every rank but 0 tears down and exits; rank 0 keeps working past the loss bound

@@ -170,6 +170,22 @@ def test_a_rank_holding_the_gil_for_10_s_after_setup_is_no_lost_rank_and_nothing
     assert all("RankLostError" not in log and "went away" not in log for log in logs.values()), logs
 
 
+def test_junk_on_the_finding_key_and_a_forged_who_key_name_nobody_wrongly(tmp_path: Path) -> None:
+    """Issue 33: after setup(), junk on the ``lost`` key and rank 2's who key claiming a dead pid on rank 0's host.
+
+    Any client of the store can write both. Rank 1 is then killed: every survivor still names rank 1, the junk
+    is never printed as a finding (a warning says it was ignored), and rank 2, beating, is never "gone".
+    """
+    _, pids = _run(tmp_path, victim=1, during=False, mode="junk", forger=2)
+    findings = _findings(tmp_path, [0, 2, 3])
+    logs = "".join((tmp_path / f"debug{r}.log").read_text() for r in (0, 2, 3))
+    for rank, finding in findings.items():
+        message = str(finding["message"])
+        assert f"went away: rank 1 (host hosta, pid {pids[1]})" in message, (rank, message)
+        assert "did it" not in message and "rank 2 (host hosta, pid 4000000): its process is gone" not in message
+    assert "that are no finding of distinit's" in logs, logs
+
+
 def test_a_rank_that_raises_is_named_with_its_exception_and_the_others_as_consequences(tmp_path: Path) -> None:
     _, pids = _run(tmp_path, victim=None, during=True, mode="raise", raiser=2)
     findings = _findings(tmp_path, [0, 1, 3])

@@ -6,7 +6,17 @@ import pytest
 import torch.distributed as dist
 
 from distinit.errors import RankLostError
-from distinit.init._liveness import ExitRecord, RankFacts, State, _wall, consequence, judge, unsettled
+from distinit.init._liveness import (
+    ExitRecord,
+    RankFacts,
+    State,
+    _plausible_who,
+    _wall,
+    consequence,
+    is_finding,
+    judge,
+    unsettled,
+)
 
 T = 1_800_000_000.0  # a wall clock
 MARGIN = 1.5  # one beat and half a second
@@ -121,3 +131,33 @@ def test_what_counts_as_a_consequence() -> None:
     assert not consequence(ValueError("a bug in the user's code"))
     assert not consequence(RuntimeError("CUDA out of memory"))
     assert not consequence(None)
+
+
+def test_only_what_judge_words_is_taken_for_a_finding() -> None:
+    # every shape judge() and the store-gone path word is one; junk any store client writes is not
+    for found in (
+        judge([facts(1, "gone", T)], margin=MARGIN),
+        judge([facts(1, "gone", T), facts(3, "silent", T + 0.2)], margin=MARGIN),
+        judge([facts(0, "beating", T)], margin=MARGIN),
+    ):
+        assert is_finding(found.text), found.text
+    assert is_finding("rank 0: the store host is gone (its process is gone) and left no finding or exit record")
+    assert is_finding("rank 0 (host h, pid 1): the store host is gone")
+    for junk in (
+        "",
+        "x",
+        "\x1b[31mrank 2 did it",
+        "rank 2 did it\x00",
+        "rank two",
+        "ranks 1",
+        "rank 1\nforged",
+        "unknown",
+    ):
+        assert not is_finding(junk), junk
+    assert not is_finding("unknown: " + "x" * (1 << 16))
+
+
+def test_a_who_value_is_a_host_name_and_a_decimal_pid() -> None:
+    assert _plausible_who("gpu-b.cluster", "902") and _plausible_who("hôte-ü", "1")
+    for host, pid in (("", "1"), ("h h", "1"), ("h\x1b[31m", "1"), ("h", "12a"), ("h", "٣"), ("h" * 256, "1")):
+        assert not _plausible_who(host, pid), (host, pid)
