@@ -18,7 +18,7 @@ users are :mod:`distinit.init`'s join, group forming and liveness; the torchrun 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 #: Longest time the store host stays up after a verdict so that the other ranks can read it.
@@ -74,6 +74,10 @@ class Board:
         """Count this rank among those that read the verdict (once, however often it is called)."""
         if self.store.add(f"{self.key}/ack/{self.rank}", 1) == 1:
             self.store.add(f"{self.key}/seen", 1)
+
+    def acknowledged(self, ranks: Sequence[int]) -> bool:
+        """Whether every one of ``ranks`` acknowledged (one round trip)."""
+        return not ranks or self.store.check([f"{self.key}/ack/{rank}" for rank in ranks])
 
     def seen(self) -> int:
         """How many ranks acknowledged."""

@@ -33,6 +33,26 @@ def test_acknowledge_counts_each_rank_once() -> None:
     assert boards[1].seen() == 2
 
 
+def test_acknowledged_is_by_rank_not_by_count() -> None:
+    # two acknowledgements, but not from the rank the host waits for: a consequence that read and left does
+    # not stand in for a rank still blocked in its collective
+    boards = _boards(4)
+    boards[0].acknowledge()
+    boards[2].acknowledge()
+    assert boards[0].seen() == 2
+    assert not boards[0].acknowledged([0, 3])
+    assert boards[0].acknowledged([0, 2]) and boards[0].acknowledged([])
+    boards[3].acknowledge()
+    assert boards[0].acknowledged([0, 3])
+
+
+def test_a_junk_value_is_replaced_only_while_it_is_still_there() -> None:
+    first, second = _boards(2)
+    assert first.publish("\x00junk") == "\x00junk"
+    assert first.replace("\x00junk", "rank 1 (host h, pid 9): gone") == "rank 1 (host h, pid 9): gone"
+    assert second.replace("\x00junk", "unknown: later") == "rank 1 (host h, pid 9): gone"  # changed meanwhile
+
+
 class _Recorded:
     """A real store whose reads of the acknowledgement count are logged, with a hook run before each."""
 

@@ -285,6 +285,7 @@ class Liveness:
         self._rank0: tuple[float, bytes] | None = None  # not rank 0: rank 0's beat as last read, and when
         self._failed_at: float | None = None  # when this rank's watch found the store gone
         self._junk_seen = False  # the 'lost' key held something no rank wrote (warned once)
+        self._beat_lock = threading.Lock()
 
     @property
     def _board(self) -> Board:
@@ -321,6 +322,8 @@ class Liveness:
             if self.rank != 0:
                 self.store.wait(["who/0"], timedelta(seconds=timeout))
                 self._who[0] = text(self.store.get("who/0"))
+                # rank 0 answered, and no collective has failed since setup(): it holds no finding now
+                self._rank0 = (time.monotonic(), b"")
         except (RuntimeError, OSError) as exc:
             logger.debug("rank %d: rank 0's host and pid not read: %s", self.rank, exc)
 
@@ -352,9 +355,10 @@ class Liveness:
                 if self.rank == 0 and self.finding is None:
                     self.finding = self._published()
                     self._announce()
-                self._seq += 1
-                mark = MARK if self.rank == 0 and self.finding is not None else ""
-                self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}{mark}")
+                with self._beat_lock:  # no unmarked beat after _mark(): rank 0's mark stays up while it holds
+                    self._seq += 1
+                    mark = MARK if self.rank == 0 and self.finding is not None else ""
+                    self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}{mark}")
                 watched = [r for r in (range(self.world_size) if self.rank == 0 else (0,)) if r != self.rank]
                 silent_now = self._silent(watched, seen, self._stale)
                 for silent in silent_now:
@@ -577,18 +581,30 @@ class Liveness:
     def hold(self, bound: float) -> float:
         """How long rank 0 keeps the store up for the ranks that have not read the finding (seconds).
 
-        ``bound``, but at least four beats, so that a watch reading rank 0's beat once a beat cannot miss the mark.
+        ``bound`` plus three seconds, at least four beats: a watch that reads rank 0's beat once a beat cannot miss
+        the mark, and a survivor whose store died within this long of seeing rank 0 without one knows that rank 0
+        did not leave as a consequence.
         """
-        return max(bound, 4 * self._beat_every)
+        return max(bound + 3.0, 4 * self._beat_every)
 
     def _mark(self) -> None:
-        """Rank 0 holds a finding: mark its beat now (its thread keeps the mark), so every watch learns it."""
-        if self.rank == 0:
+        """Rank 0 holds a finding: mark its beat now (its thread keeps the mark), so every watch learns it.
+
+        Under the beat lock, so the thread cannot write an unmarked beat after it (a store call that hangs holds
+        the lock at most a second here: then the mark is written anyway).
+        """
+        if self.rank != 0:
+            return
+        locked = self._beat_lock.acquire(timeout=1.0)
+        try:
             with contextlib.suppress(RuntimeError, OSError, AttributeError):
                 self.store.set(f"beat/{self.rank}", f"{self._seq}|{time.time():.3f}{MARK}")
+        finally:
+            if locked:
+                self._beat_lock.release()
 
     def _missed_for(self) -> float | None:
-        """Seconds between this rank's last read of rank 0's beat and the store failing (None: never read)."""
+        """Seconds between this rank last seeing rank 0 without a finding and the store failing (None: never)."""
         if self._rank0 is None:
             return None
         failed = self._failed_at if self._failed_at is not None else time.monotonic()
@@ -599,8 +615,9 @@ class Liveness:
 
         Rank 0 marks its beat as soon as it holds a finding and keeps the store up ``hold`` s for the ranks
         that have not read it, and a leaving rank 0 writes ``bye``. So rank 0 gone with neither read here is
-        evidence that it stopped first only if this rank's watch read its beat shortly before the store
-        failed (within ``hold`` less a beat and a margin): else the mark may have come and gone unseen.
+        evidence that it stopped first only if this rank last saw rank 0 without a finding (its beat read by
+        the watch, or rank 0 answering as setup() returned) less than ``hold`` (and a margin) before the store
+        failed: else the mark may have come and gone unseen.
         """
         who = self.describe(0)
         host_pid = self._who.get(0)
@@ -631,16 +648,16 @@ class Liveness:
                 "rank could not read (see rank 0's log), so rank 0 did not stop first"
             )
         missed = self._missed_for()
-        if missed is None or missed > hold - self._beat_every - 0.5:
+        if missed is None or missed > hold - 0.5:
             seen = "never" if missed is None else f"{missed:.1f} s before the store failed"
             return (
-                f"unknown: {who}, the store host, is gone ({evidence}); this rank last read its beat {seen}, long "
-                f"enough for a finding rank 0 held for {hold:.0f} s to go unseen (a starved or frozen watch here), "
-                "so rank 0 may have left as a consequence; see the other ranks' logs"
+                f"unknown: {who}, the store host, is gone ({evidence}); this rank last saw it without a finding "
+                f"{seen}, long enough for a finding rank 0 held for {hold:.0f} s to go unseen (a starved or frozen "
+                "watch here), so rank 0 may have left as a consequence; see the other ranks' logs"
             )
         return (
-            f"{who}: the store host is gone ({evidence}) and left no finding or exit record (its beat, read "
-            f"{missed:.1f} s before the store failed, carried neither): it stopped first"
+            f"{who}: the store host is gone ({evidence}) and left no finding or exit record (seen without either "
+            f"{missed:.1f} s before the store failed): it stopped first"
         )
 
     def _port_refuses(self) -> tuple[bool, str]:
@@ -662,8 +679,12 @@ class Liveness:
 
     def linger(self, bound: float) -> None:
         """Rank 0 (the store host): stay up until the ranks not proven gone read the finding, or :meth:`hold` s."""
-        expected = len(self.alive) if self.alive else self.world_size
-        self._board.linger(bound=self.hold(bound), settled=lambda seen: seen >= expected, quiet=0.0)
+        board, waited = self._board, sorted(self.alive)
+        # By rank, not by count: a consequence that acknowledged and left counts in ``seen`` too, and must not
+        # stand in for a rank still blocked in its collective (which then found the store gone).
+        board.linger(
+            bound=self.hold(bound), settled=lambda seen: bool(waited) and board.acknowledged(waited), quiet=0.0
+        )
 
 
 class _Silent:

@@ -20,6 +20,7 @@ traffic, where every failure is a misconfiguration, never retried.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -249,6 +250,42 @@ def check_interfaces(backend: str, environ: Mapping[str, str], *, rank: int) -> 
                 raise _messages.bad_interface(variable=variable, value=value, available=names, rank=rank)
 
 
+def host_name_max() -> int:
+    """``HOST_NAME_MAX`` as torch's gloo sizes its buffer with it (``sysconf(_SC_HOST_NAME_MAX)``; 64 on Linux)."""
+    try:
+        return int(os.sysconf("SC_HOST_NAME_MAX"))
+    except (ValueError, OSError):
+        return 64
+
+
+def check_hostname(backend: str, world: DistEnv, environ: Mapping[str, str], *, hostname: str | None = None) -> None:
+    """With ``GLOO_SOCKET_IFNAME`` unset, torch's gloo must be able to read this host's name.
+
+    torch's ``createDefaultDevice`` calls ``gethostname()`` into a ``HOST_NAME_MAX``-byte buffer, so a name of
+    exactly that many bytes (the kernel's own limit) fails every init with ``File name too long``.
+
+    Raises:
+        RendezvousError: the host name does not fit (names the interface to set instead).
+    """
+    if backend != "gloo" or environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    name = socket.gethostname() if hostname is None else hostname
+    limit = host_name_max()
+    if len(name.encode()) < limit:
+        return
+    raise _messages.hostname_too_long(
+        rank=world.rank,
+        hostname=name,
+        limit=limit,
+        fix=_messages.loopback_fix(
+            host=name,
+            route=route_interface(world.master_addr, world.master_port),
+            interfaces=interfaces(),
+            instead=f"give this host a name shorter than {limit} bytes",
+        ),
+    )
+
+
 #: A loopback address gloo would advertise in a world that spans hosts: what it is, and the evidence.
 Trap = tuple[Advertised, str]
 
@@ -311,7 +348,8 @@ def preflight(backend: str, world: DistEnv, environ: Mapping[str, str]) -> Trap 
 
     Raises:
         SchedulerEnvError: MASTER_ADDR/MASTER_PORT missing or malformed.
-        RendezvousError: an unavailable backend, a bad interface name, or the loopback trap.
+        RendezvousError: an unavailable backend, a bad interface name, a host name gloo cannot read, or the
+            loopback trap.
     """
     check_master(
         master_addr=world.master_addr,
@@ -322,6 +360,7 @@ def preflight(backend: str, world: DistEnv, environ: Mapping[str, str]) -> Trap 
     )
     check_backend(backend, rank=world.rank)
     check_interfaces(backend, environ, rank=world.rank)
+    check_hostname(backend, world, environ)
     trap = loopback_trap(backend, world, environ)
     check_advertised_address(backend, world, environ, trap=trap)
     return trap

@@ -151,6 +151,20 @@ def bad_interface(*, variable: str, value: str, available: Sequence[str], rank: 
     )
 
 
+def hostname_too_long(*, rank: int, hostname: str, limit: int, fix: str) -> RendezvousError:
+    """Pre-flight: torch's gloo cannot read a host name this long (its default device fails on every attempt)."""
+    return RendezvousError(
+        f"rank {rank}: this host's name is {len(hostname.encode())} bytes long ({hostname!r}) and GLOO_SOCKET_IFNAME "
+        f"is unset: torch's gloo reads the host name into a buffer of {limit} bytes (HOST_NAME_MAX, its end "
+        "included), so init_process_group would fail on every attempt with `DistBackendError: File name too "
+        "long`. Not retried.",
+        rank=rank,
+        why=f"torch's ProcessGroupGloo.createDefaultDevice calls gethostname() with room for {limit - 1} "
+        "characters; the kernel allows one more.",
+        fix=fix,
+    )
+
+
 #: Why gloo advertises a loopback address (both the pre-flight finding and the connectFullMesh failure).
 LOOPBACK_WHY = (
     "without GLOO_SOCKET_IFNAME gloo advertises the first address the hostname resolves to, and /etc/hosts maps "
@@ -159,14 +173,23 @@ LOOPBACK_WHY = (
 )
 
 
-def loopback_fix(*, host: str, route: str | None, interfaces: Sequence[tuple[str, str]]) -> str:
-    """The fix for the loopback trap: the interface to name (``route``: the one that reaches MASTER_ADDR)."""
+def loopback_fix(
+    *,
+    host: str,
+    route: str | None,
+    interfaces: Sequence[tuple[str, str]],
+    instead: str = "map the hostname to that interface's address in /etc/hosts instead of 127.0.1.1",
+) -> str:
+    """The fix for the loopback trap: the interface to name (``route``: the one that reaches MASTER_ADDR).
+
+    ``instead``: the other way out, in words (the default: the trap's own, /etc/hosts).
+    """
     shown = ", ".join(f"{name} {address}" for name, address in interfaces[:6]) or "no interface with an address"
     example = route or (interfaces[0][0] if interfaces else "<interface>")
     return (
         f"`export GLOO_SOCKET_IFNAME={example}` on every host, naming the interface that carries traffic between "
-        f"the hosts ({host} has: {shown}); or map the hostname to that interface's address in /etc/hosts instead "
-        "of 127.0.1.1. Fake hosts that share one machine's network may set GLOO_SOCKET_IFNAME=lo."
+        f"the hosts ({host} has: {shown}); or {instead}. Fake hosts that share one machine's network may set "
+        "GLOO_SOCKET_IFNAME=lo."
     )
 
 

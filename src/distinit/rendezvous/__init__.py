@@ -13,6 +13,7 @@ from distinit.rendezvous._errors import (
     AgentRendezvousClosedError,
     AgentRendezvousConnectionError,
     AgentRendezvousTimeoutError,
+    AgentRoundTooSmallError,
 )
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "AgentRendezvousClosedError",
     "AgentRendezvousConnectionError",
     "AgentRendezvousTimeoutError",
+    "AgentRoundTooSmallError",
     "create_handler",
     "handler",
 ]

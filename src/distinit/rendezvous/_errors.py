@@ -21,6 +21,7 @@ __all__ = [
     "AgentRendezvousClosedError",
     "AgentRendezvousConnectionError",
     "AgentRendezvousTimeoutError",
+    "AgentRoundTooSmallError",
 ]
 
 
@@ -61,10 +62,21 @@ class AgentConfigMismatchError(torch_api.RendezvousError, errors.RendezvousError
     field: str = ""
 
 
+class AgentRoundTooSmallError(torch_api.RendezvousError, errors.RendezvousError):
+    """torch formed a round with fewer agents than ``--nnodes``' minimum: its workers would run too small a world.
+
+    Seen when torch's keep-alive, which compares wall clocks across nodes, counts a joined agent whose clock is
+    behind as dead. ``left_out`` names the live agents of the job outside the round.
+    """
+
+    left_out: tuple[str, ...] = ()
+
+
 for _cls in (
     AgentConfigMismatchError,
     AgentRendezvousClosedError,
     AgentRendezvousConnectionError,
     AgentRendezvousTimeoutError,
+    AgentRoundTooSmallError,
 ):
     _cls.__module__ = "distinit.rendezvous"  # its public home: reprs and pickles never name a private module

@@ -37,6 +37,7 @@ from distinit.rendezvous._card import (
     AgentCard,
     Beat,
     Disagreement,
+    claims,
     disagreements,
     launch_flags,
     local_card,
@@ -44,7 +45,7 @@ from distinit.rendezvous._card import (
 )
 from distinit.rendezvous._card import shared_machines as _shared_machines
 from distinit.rendezvous._endpoint import DEFAULT_PORT, open_store, resolve, wait_for_store
-from distinit.rendezvous._errors import AgentConfigMismatchError
+from distinit.rendezvous._errors import AgentConfigMismatchError, AgentRoundTooSmallError
 from distinit.rendezvous._explain import Snapshot, explain_closed, explain_lost, explain_timeout
 from distinit.rendezvous._restart import (
     WorkerFailure,
@@ -65,6 +66,8 @@ POLL = 0.25
 MAX_CARD_BYTES = 64 << 10
 #: A heartbeat further than this in the reader's future is no heartbeat (clock skew between hosts is less).
 MAX_SKEW = 60.0
+#: An agent whose clock is off by more than this many seconds is named once (torch's keep-alive compares clocks).
+SKEW_WARN = 5.0
 
 
 #: How long a joined agent waits for the cards of the round's other participants (published before joining).
@@ -156,6 +159,8 @@ class DistinitRendezvousHandler(RendezvousHandler):
         self._too_many = False  # the card counter was past card_limit (said once)
         self._beats: dict[int, float] = {}
         self._future: set[int] = set()  # cards whose beat is beyond clock skew (never fresh, never stale)
+        self._raw: dict[int, float] = {}  # each card's beat as last read (its writer's clock)
+        self._skews: dict[int, float] = {}  # each card's clock minus this one, measured when its beat changed
         self._answered = False  # the store answered this agent once
         self._unanswered = 0  # store calls that failed since the last one that answered
         self._stop = threading.Event()
@@ -409,13 +414,55 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 if len(values[n]) > MAX_CARD_BYTES:  # a card is about 1 KB: never parse a bomb
                     raise ValueError(f"{len(values[n])} bytes, over {MAX_CARD_BYTES}")
                 self._cards[index] = AgentCard.model_validate(json.loads(values[n]))
-                beat = float(values[len(present) + n])
-                # A beat from the future (beyond clock skew) is no beat: it would never go stale.
-                future = beat > time.time() + MAX_SKEW
-                self._beats[index] = 0.0 if future else beat
-                (self._future.add if future else self._future.discard)(index)
+                self._read_beat(index, float(values[len(present) + n]))
             except (ValueError, ValidationError, UnicodeDecodeError, RecursionError) as exc:
                 logger.debug("skipping agent card %d on the store: %s", index, exc)
+
+    def _read_beat(self, index: int, beat: float) -> None:
+        """Record agent ``index``'s heart-beat (its own wall clock) as this agent's clock sees it.
+
+        Clocks differ between machines, so a beat is never compared with this clock once it has changed: a
+        beat that changed since the last read says the agent is alive now (``_beats`` holds this agent's time
+        of the change). Only a beat first seen is taken at its word, capped at now. A static beat beyond
+        :data:`MAX_SKEW` is no beat (a forged card: it would never go stale).
+        """
+        now = time.time()
+        before = self._raw.get(index)
+        self._raw[index] = beat
+        changed = before is not None and beat != before
+        future = beat > now + MAX_SKEW and not changed
+        (self._future.add if future else self._future.discard)(index)
+        if future:
+            self._beats[index] = 0.0
+        elif changed:
+            self._beats[index] = now
+            self._note_skew(index, beat - now)
+        elif before is None:
+            self._beats[index] = min(beat, now)
+
+    def _note_skew(self, index: int, offset: float) -> None:
+        """Warn once when agent ``index``'s clock is off by more than :data:`SKEW_WARN`.
+
+        ``offset``: its beat minus this clock when the beat was seen to change; a beat is then at most one beat
+        interval and one read old, which the lower bound allows for.
+        """
+        late = self._beat_interval + self._poll_interval()
+        self._skews[index] = offset + late / 2  # the beat was written between 0 and ``late`` s before the read
+        if -SKEW_WARN - late <= offset <= SKEW_WARN:
+            return
+        card = self._cards.get(index)
+        label = card.label if card is not None else f"card {index}"
+        way = "behind" if offset < 0 else "ahead of"
+        self._warn_once(
+            f"skew:{label}",
+            "rendezvous %r: the clock of agent %s is about %.0f s %s this agent's (its heart-beats, read as they "
+            "change). distinit does not compare clocks, but torch's rendezvous does (its keep-alive heart-beats), "
+            "so it may count that agent dead and leave it out of a round; synchronise the clocks (chrony, NTP)",
+            self._card.run_id,
+            label,
+            abs(offset),
+            way,
+        )
 
     def _poll_interval(self) -> float:
         """Seconds between reads of the cards: POLL, longer with many agents (each read fetches every card)."""
@@ -518,6 +565,9 @@ class DistinitRendezvousHandler(RendezvousHandler):
     def _check_round(self) -> None:
         """After a round formed: every participant's card agrees with ours, the same verdict on every agent."""
         state = self._state()
+        if state.known and 0 < len(state.participants) < self._card.min_nodes:
+            self._publish("failed")
+            raise self._too_small(state)
         deadline = time.monotonic() + CARDS_WAIT
         while True:
             self._refresh()
@@ -547,6 +597,41 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 ", ".join(labels),
             )
         self._previous = state.participants
+
+    def _too_small(self, state: RoundState) -> AgentRoundTooSmallError:
+        """Torch formed a round below ``--nnodes``' minimum: which live agents it left out, and their clocks.
+
+        The job's cards are read for three beats first, so that each live agent's beat is seen to change
+        (alive, by this agent's clock) and its clock offset is measured.
+        """
+        end = time.monotonic() + 3 * self._beat_interval + POLL
+        while time.monotonic() < end:
+            self._refresh()
+            time.sleep(POLL)
+        run_id = self._card.run_id
+        left = [
+            (card.label, self._skews.get(index))
+            for index, card in sorted(self._cards.items())
+            if card.run_id == run_id and self._fresh(index) and not claims(card, state.participants)
+        ]
+        named = "; ".join(
+            label + ("" if off is None else f" (its clock about {abs(off):.0f} s {'behind' if off < 0 else 'ahead'})")
+            for label, off in left
+        )
+        skewed = any(off is not None and abs(off) > SKEW_WARN for _, off in left)
+        exc = AgentRoundTooSmallError(
+            f"torch formed round {state.round} of rendezvous {run_id!r} at {self._endpoint} with "
+            f"{len(state.participants)} agent(s), fewer than the --nnodes minimum of {self._card.min_nodes}: its "
+            f"workers would run a world of the wrong size. Live agents of this job left out: {named or 'none seen'}.",
+            why="torch's rendezvous counts an agent dead when its keep-alive heart-beat, stamped with that agent's "
+            "own wall clock, looks older than keep_alive_interval x keep_alive_max_attempt by this agent's clock"
+            + (": the clocks of these machines differ" if skewed else "; an agent was dropped after it joined"),
+            fix="synchronise the clocks of every node (chrony, NTP); a larger --rdzv-conf keep_alive_max_attempt "
+            "only hides a skew smaller than it",
+            master=self._endpoint,
+        )
+        exc.left_out = tuple(label for label, _ in left)
+        return exc
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:
         if key in self._warned:

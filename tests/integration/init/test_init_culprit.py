@@ -42,7 +42,7 @@ _REASON = _uts_available()
 pytestmark = [pytest.mark.skipif(_REASON is not None, reason=_REASON or ""), pytest.mark.timeout(240)]
 
 
-def _start(rank: int, port: int, where: Path, **spec: object) -> subprocess.Popen[bytes]:
+def _start(rank: int, port: int, where: Path, hosts: tuple[str, ...], **spec: object) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
     env.update(
         RANK=str(rank),
@@ -56,8 +56,10 @@ def _start(rank: int, port: int, where: Path, **spec: object) -> subprocess.Pope
         OMP_NUM_THREADS="1",
     )
     command = [sys.executable, str(WORKER), json.dumps({"dir": str(where), **spec})]
-    # unshare without --fork execs the shell, which execs Python: the pid the test holds is the rank's.
-    uts = ["unshare", "--uts", "sh", "-c", f'hostname {HOSTS[rank]} && exec "$@"', "sh"]
+    # unshare without --fork execs a Python that names the host (any bytes the kernel takes: hostname(1) refuses
+    # non-ASCII) and execs the rank's: the pid the test holds is the rank's.
+    name = "import os, socket, sys; socket.sethostname(sys.argv[1].encode()); os.execv(sys.argv[2], sys.argv[2:])"
+    uts = ["unshare", "--uts", sys.executable, "-S", "-c", name, hosts[rank]]
     with (where / f"rank{rank}.log").open("wb") as log:
         return subprocess.Popen([*uts, *command], env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -72,7 +74,13 @@ def _wait_files(where: Path, name: str, procs: list[subprocess.Popen[bytes]], ti
 
 
 def _run(
-    where: Path, *, victim: int | None, during: bool, stall: tuple[int, float] | None = None, **spec: object
+    where: Path,
+    *,
+    victim: int | None,
+    during: bool,
+    stall: tuple[int, float] | None = None,
+    hosts: tuple[str, ...] = HOSTS,
+    **spec: object,
 ) -> tuple[float, list[int]]:
     """Start the world, end ``victim`` (SIGKILL) or let ``spec`` make a rank raise; when it ended, the pids.
 
@@ -80,7 +88,7 @@ def _run(
     later: a live rank whose threads do not run for a while, as on a host under load.
     """
     port = free_port()
-    procs = [_start(r, port, where, **spec) for r in range(WORLD)]
+    procs = [_start(r, port, where, hosts, **spec) for r in range(WORLD)]
     try:
         _wait_files(where, "ready", procs, 150)  # four interpreters import torch on a loaded 2-core machine
         pids = [p.pid for p in procs]
@@ -184,6 +192,15 @@ def test_junk_on_the_finding_key_and_a_forged_who_key_name_nobody_wrongly(tmp_pa
         assert f"went away: rank 1 (host hosta, pid {pids[1]})" in message, (rank, message)
         assert "did it" not in message and "rank 2 (host hosta, pid 4000000): its process is gone" not in message
     assert "that are no finding of distinit's" in logs, logs
+
+
+def test_non_ascii_and_63_character_host_names_are_named_as_they_are(tmp_path: Path) -> None:
+    """Issue 33: non-ASCII host names and ones of 63 bytes (the most torch's gloo reads: test_init_hostnames.py)."""
+    hosts = ("hôte-ünï-α", "hôte-ünï-α", "b" * 63, "b" * 63)
+    _, pids = _run(tmp_path, victim=1, during=False, hosts=hosts)
+    for rank, finding in _findings(tmp_path, [0, 2, 3]).items():
+        message = str(finding["message"])
+        assert f"went away: rank 1 (host hôte-ünï-α, pid {pids[1]})" in message, (rank, message)
 
 
 def test_a_rank_that_raises_is_named_with_its_exception_and_the_others_as_consequences(tmp_path: Path) -> None:

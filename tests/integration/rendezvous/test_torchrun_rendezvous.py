@@ -7,6 +7,7 @@ generous (a loaded 2-core CI machine starts torchrun in seconds); the benchmark 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 import time
@@ -286,3 +287,30 @@ def _wait_for_listener(port: int, agent: object, timeout: float) -> None:
                 return
         time.sleep(0.1)
     raise AssertionError(f"the first agent never listened on {port}")
+
+
+@pytest.mark.parametrize("skew", ["-30s", "+30s"], ids=["behind", "ahead"])
+def test_an_agent_whose_clock_is_30_s_off_never_runs_a_wrong_world(agents: Agents, port: int, skew: str) -> None:
+    """Issue 33: an agent under ``faketime`` 30 s off, asking for another --nproc-per-node.
+
+    Card heart-beats carry the writer's wall clock, and so do torch's keep-alive beats: by the agent whose
+    clock is ahead, torch counts the other dead and formed round 0 with that agent alone, whose worker then
+    ran a world of 1 (seen before the fix). Now every agent fails at once, naming the mismatch or the round
+    below ``--nnodes`` (with the clock offset when measured), and no worker starts.
+    """
+    if shutil.which("faketime") is None:
+        pytest.skip("needs faketime (apt: faketime)")
+    skewed = ["faketime", "-f", skew]  # a constant offset on the wall clock (and the monotonic one: harmless)
+    started = [
+        agents.start("a0", f"127.0.0.1:{port}", conf="join_timeout=60", nproc=1),
+        agents.start("a1", f"127.0.0.1:{port}", conf="join_timeout=60", nproc=2, prefix=skewed),
+    ]
+    texts = []
+    for agent in started:
+        rc, text, elapsed = agent.wait(90)
+        texts.append(text)
+        assert rc != 0
+        assert "AgentConfigMismatchError" in text or "AgentRoundTooSmallError" in text, text[-3000:]
+        assert "worker rank=" not in text, text[-3000:]  # no worker ran in a world of the wrong size
+        assert elapsed < 60  # far before join_timeout
+    assert any("--nproc-per-node: '1'" in text for text in texts), texts
