@@ -62,14 +62,18 @@ class Rank:
     log: Path
     name: str
 
-    def result(self, timeout: float) -> dict[str, Any]:
-        """The rank's result, ``timeout`` s at most from when it reached its code (``.started``: after its
-        interpreter imported torch, which alone takes tens of seconds on a loaded machine; that wait is
-        bounded by :data:`START_BOUND`)."""
+    def wait_started(self) -> bool:
+        """Wait until the rank reached its code (``.started``: after its interpreter imported torch, which alone
+        takes tens of seconds on a loaded machine), at most :data:`START_BOUND` s; whether it did."""
         started = Path(str(self.out) + ".started")
         end = time.monotonic() + START_BOUND
         while not started.exists() and self.proc.poll() is None and time.monotonic() < end:
             time.sleep(0.02)
+        return started.exists()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        """The rank's result, ``timeout`` s at most from when it reached its code (:meth:`wait_started`)."""
+        self.wait_started()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -143,6 +143,9 @@ def test_frozen_master_mid_join_still_ends_at_the_deadline(launcher: Launcher, p
     kwargs = {"deadline": 8, "attempt_timeout": 30}
     master = launcher.start(0, 3, port, kwargs=kwargs)
     worker = launcher.start(1, 3, port, kwargs=kwargs, call_again=True)
+    # The probe connects once rank 0 runs its code: its interpreter's start (torch's import) took more than the
+    # probe's 20 s on a loaded CI machine, and a client that gives up first is no part of what is tested here.
+    assert master.wait_started() and worker.wait_started(), master.log.read_text()[-3000:]
     probe = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=20))
     probe.wait(["distinit/job/0/c1/g0/claim/1"], timedelta(seconds=20))  # rank 1 joined and waits for rank 2
     del probe

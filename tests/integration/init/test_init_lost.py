@@ -60,6 +60,7 @@ def test_joined_rank_that_stops_ends_the_rendezvous_on_every_survivor(launcher: 
     mode = "raise_in_join" if how == "exception" else "normal"
     r1 = launcher.start(1, 4, port, kwargs=KWARGS, mode=mode, extra={"linger": 60})
     r2 = launcher.start(2, 4, port, kwargs=KWARGS)
+    assert r0.wait_started(), r0.log.read_text()[-3000:]  # the store's host runs its code
     _wait_joined(port, 1)
     if how == "sigkill":
         os.kill(r1.proc.pid, signal.SIGKILL)
@@ -89,6 +90,7 @@ def test_rank_that_never_arrived_keeps_the_late_worker_patience(launcher: Launch
     """Nobody joined and then stopped: ranks 0 and 1 wait for rank 2, which arrives 12 s late; the world forms."""
     r0 = launcher.start(0, 3, port, kwargs=KWARGS)
     r1 = launcher.start(1, 3, port, kwargs=KWARGS)
+    assert r0.wait_started(), r0.log.read_text()[-3000:]  # the store's host runs its code
     _wait_joined(port, 1)
     r2 = launcher.start(2, 3, port, kwargs=KWARGS, start_after=12, after=r1)
     results = [h.result(60) for h in (r0, r1, r2)]
@@ -108,6 +110,7 @@ def test_store_host_that_dies_after_joining_is_named(launcher: Launcher, port: i
     go = tmp_path / "go"
     r0 = launcher.start(0, 4, port, kwargs=KWARGS)
     survivors = [launcher.start(r, 4, port, kwargs=KWARGS, extra={"after_file": str(go)}) for r in (1, 2)]
+    assert r0.wait_started(), r0.log.read_text()[-3000:]  # the store's host runs its code
     _wait_joined(port, 0, settle=0.0)
     go.touch()
     _wait_counted(port, 3)
