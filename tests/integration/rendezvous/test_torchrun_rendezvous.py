@@ -314,3 +314,32 @@ def test_an_agent_whose_clock_is_30_s_off_never_runs_a_wrong_world(agents: Agent
         assert "worker rank=" not in text, text[-3000:]  # no worker ran in a world of the wrong size
         assert elapsed < 60  # far before join_timeout
     assert any("--nproc-per-node: '1'" in text for text in texts), texts
+
+
+def test_an_agent_stopped_for_20_s_while_its_round_runs_resumes_and_the_job_ends_well(
+    agents: Agents, port: int, tmp_path: Path
+) -> None:
+    """Issue 33: agent a1 is SIGSTOPped for 20 s while the round's workers run (they go on all-reducing).
+
+    Its heart-beats (torch's keep-alive and distinit's card) stop for far longer than either counts an agent
+    dead, but no rendezvous happens meanwhile: when it resumes, the job ends normally on both agents, with
+    nothing named lost and no foreign card.
+    """
+    import os
+    import signal
+
+    hold = tmp_path / "release"
+    env = {"DISTINIT_TEST_HOLD": str(hold)}
+    started = [agents.start(f"a{i}", f"127.0.0.1:{port}", conf="join_timeout=60", env=env) for i in range(2)]
+    assert agents.wait_for_marks(2, 90), [agent.log.read_text()[-2000:] for agent in started]
+    os.kill(started[1].proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(20)  # the fault itself: how long the agent does not run
+    finally:
+        os.kill(started[1].proc.pid, signal.SIGCONT)
+    hold.touch()
+    for agent in started:
+        rc, text, _ = agent.wait(90)
+        assert rc == 0, text[-3000:]
+        _ok(text, 2)
+        assert "foreign card" not in text and "stopped answering" not in text, text[-3000:]
