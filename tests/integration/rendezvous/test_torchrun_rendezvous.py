@@ -343,3 +343,39 @@ def test_an_agent_stopped_for_20_s_while_its_round_runs_resumes_and_the_job_ends
         assert rc == 0, text[-3000:]
         _ok(text, 2)
         assert "foreign card" not in text and "stopped answering" not in text, text[-3000:]
+
+
+class _Marker:
+    """A pickle that, when loaded, makes a directory: the harmless stand-in for code a store client runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, int, bool]]:
+        import os
+
+        return os.makedirs, (str(self.path), 0o755, True)
+
+
+def test_torch_s_pickled_state_key_runs_a_store_client_s_code_in_the_agent_a_documented_limit(
+    agents: Agents, port: int, tmp_path: Path
+) -> None:
+    """Issue 33, item 5: torch's round state (``torch.rendezvous.<run_id>``) is a pickle every agent loads.
+
+    A store client writes a pickle there; the agent loads it and the pickle's code runs in the agent, under
+    ``--rdzv-backend=distinit`` as under c10d (distinit does not replace torch's state handling). This test pins
+    the limit docs/torchrun.md states; it fails, and the docs must change, once torch stops unpickling it.
+    """
+    import base64
+    import pickle
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    marker = tmp_path / "ran-in-the-agent"
+    agent = agents.start("a0", f"127.0.0.1:{port}", conf="join_timeout=30")
+    _wait_for_listener(port, agent, 60)
+    hostile = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    _wait_for(lambda: hostile.check(["torch.rendezvous.job"]), 60, "torch's state key")
+    hostile.set("torch.rendezvous.job", base64.b64encode(pickle.dumps(_Marker(marker))).decode())
+    _wait_for(marker.exists, 60, "the agent to load the pickle")
