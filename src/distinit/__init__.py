@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         flatten_module_,
     )
     from distinit.env import DistEnv, env_from_scheduler, expand_hostlist
+    from distinit.hang import HANG_EXIT_CODE
     from distinit.init import AttemptRecord, Backoff, InitReport, SetupResult, init_with_retry, setup, teardown
     from distinit.watchdog import AutoTimeout, WatchdogClient, WatchdogEvent, WatchdogServer
 
@@ -72,6 +73,7 @@ _LAZY = {
     "broadcast_state_dict": "distinit.broadcast",
     "broadcast_tensor": "distinit.broadcast",
     "flatten_module_": "distinit.broadcast",
+    "HANG_EXIT_CODE": "distinit.hang",
 }
 
 
@@ -89,6 +91,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "HANG_EXIT_CODE",
     "AttemptRecord",
     "AutoTimeout",
     "Backoff",

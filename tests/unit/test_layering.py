@@ -19,17 +19,18 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
 LEAVES = ("errors", "_duration", "_foreign", "_net", "_board")
-CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor", "rendezvous")
+CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor", "rendezvous", "hang")
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {
     "env": set(),
-    "init": {"env", "_identity", "_torch"},
+    "init": {"env", "_identity", "_torch", "hang"},
     "broadcast": {"_torch"},
     "watchdog": set(),
     "testing": {"env", "init", "broadcast", "watchdog"},
     "integrations": {"env", "init"},
     "doctor": {"env", "init", "_identity"},
     "rendezvous": {"env", "_identity"},  # torchrun's handler, loaded by the agents: never init
+    "hang": set(),  # the hang verdict: pure judging and stack sampling, driven by init's liveness thread
 }
 #: Inside init, the data path first: a module may import only modules after it (docs/architecture.md).
 INIT_ORDER = (

@@ -28,6 +28,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "integrations",
         "doctor",
         "rendezvous",
+        "hang",
         "cli",
         "annotations",
         "importlib",
@@ -93,6 +94,7 @@ FACES = (
     "distinit.testing",
     "distinit.doctor",
     "distinit.rendezvous",
+    "distinit.hang",
     "distinit.integrations.lightning",
 )
 
@@ -143,6 +145,7 @@ def test_public_classes_name_their_public_module() -> None:
         "distinit.testing",
         "distinit.doctor",
         "distinit.rendezvous",
+        "distinit.hang",
     )
     bad = []
     for package in packages:

@@ -46,6 +46,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "_world",  # its group_count, reset after a failed init (pytorch/pytorch#46561)
             "_parameters",  # nn.Module's own tensors, read without named_parameters()' cost
             "_buffers",
+            "_get_sequence_number_for_group",  # collectives issued per group, for the hang verdict
         }
     ),
 }

@@ -29,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed import HashStore
 
 from distinit._foreign import first_line
-from distinit._torch import default_store
+from distinit._torch import collective_counts, default_store
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
+from distinit.hang import HangSettings, OnHang
 from distinit.init import _loopback
 from distinit.init._attempt import Rendezvous
 from distinit.init._device import choose_backend, device_plan
@@ -159,6 +160,9 @@ def setup(
     backoff: Backoff | None = None,
     verify: bool = True,
     strict: bool = True,
+    hang_after: float | timedelta | None = None,
+    on_hang: OnHang = "report",
+    hang_verdict: bool = True,
 ) -> SetupResult:
     """Resolve the world, bind the GPU, form the process group, and destroy it at exit. Idempotent.
 
@@ -178,6 +182,12 @@ def setup(
         backoff: pause policy between attempts.
         verify: run one tiny collective after init.
         strict: passed to :func:`distinit.env_from_scheduler`.
+        hang_after: seconds ranks may wait in one collective before the live hang verdict names who they wait
+            for (docs/hangs.md); None: ``DISTINIT_HANG_AFTER``, else 10 s or twice the median time between
+            collectives once known.
+        on_hang: ``"report"`` (log the verdict on every rank and keep waiting) or ``"abort"`` (also stop every
+            rank with exit code 75, the culprit first).
+        hang_verdict: False turns the hang verdict off (as ``DISTINIT_HANG_AFTER=off`` does).
 
     Returns:
         A :class:`SetupResult` with the ``DistEnv``, the ``InitReport`` and the device.
@@ -194,14 +204,22 @@ def setup(
     call = _Call.of(
         deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout, backoff=backoff, verify=verify
     )
+    hang = HangSettings.of(
+        hang_after=hang_after,
+        on_hang=on_hang,
+        hang_verdict=hang_verdict,
+        environ=os.environ if environ is None else environ,
+    )
     try:
         with PROCESS.flight.lead(what="setup()", rank=None, patience=call.patience):
-            return _setup(backend, environ=environ, strict=strict, call=call)
+            return _setup(backend, environ=environ, strict=strict, call=call, hang=hang)
     except DistinitError as exc:
         raise readable(exc) from None
 
 
-def _setup(backend: str | None, *, environ: Mapping[str, str] | None, strict: bool, call: _Call) -> SetupResult:
+def _setup(
+    backend: str | None, *, environ: Mapping[str, str] | None, strict: bool, call: _Call, hang: HangSettings
+) -> SetupResult:
     """setup() itself, run by one thread of the process at a time."""
     current = PROCESS.setup
     if isinstance(current, SetupResult) and dist.is_initialized():
@@ -225,7 +243,7 @@ def _setup(backend: str | None, *, environ: Mapping[str, str] | None, strict: bo
     PROCESS.setup = result
     if PROCESS.liveness is not None:  # a group destroyed without teardown(): its watch ends now
         PROCESS.liveness.stop()
-    PROCESS.liveness = _watch(env.world_size)
+    PROCESS.liveness = _watch(env.world_size, hang)
     if not PROCESS.atexit_registered:
         atexit.register(teardown)
         PROCESS.atexit_registered = True
@@ -285,7 +303,7 @@ def _alone(
     )
 
 
-def _watch(world_size: int) -> Liveness | None:
+def _watch(world_size: int, hang: HangSettings | None = None) -> Liveness | None:
     """Keep the ranks' liveness after setup() (see :class:`~._liveness.Liveness`) on the group's store."""
     store = default_store() if world_size >= 2 else None
     if store is None:
@@ -297,6 +315,8 @@ def _watch(world_size: int) -> Liveness | None:
         world_size=world_size,
         environ=os.environ,
         master=(addr, int(port)) if addr and port.isascii() and port.isdigit() else None,
+        hang=hang,
+        counts=collective_counts,
     )
 
 

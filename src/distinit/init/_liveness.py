@@ -43,7 +43,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Literal
@@ -55,6 +55,7 @@ from distinit._board import Board, text
 from distinit._duration import wait_bound
 from distinit._net import probe
 from distinit.errors import RankLostError
+from distinit.hang import HangSettings, HangWatch, Peers, states_of
 from distinit.init._policy import Pace, loss_bound, store_sign
 
 logger = logging.getLogger("distinit.init")
@@ -63,6 +64,8 @@ logger = logging.getLogger("distinit.init")
 BYE = "bye"
 #: How long a rank other than 0 waits for rank 0's ``who`` as setup() returns.
 WHO_WAIT = 5.0
+#: With ``on_hang="abort"``, how often a rank reads the hang verdict between beats (seconds).
+ABORT_POLL = 0.2
 #: Appended to rank 0's beat once the ``lost`` board holds a finding: the other ranks read and cache it.
 MARK = "|lost"
 
@@ -270,6 +273,7 @@ class Liveness:
         stale: float,
         master: tuple[str, int] | None = None,
         environ: Mapping[str, str] | None = None,
+        hang: HangWatch | None = None,
     ) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
         self._beat_every, self._stale = beat, stale
@@ -286,6 +290,9 @@ class Liveness:
         self._failed_at: float | None = None  # when this rank's watch found the store gone
         self._junk_seen = False  # the 'lost' key held something no rank wrote (warned once)
         self._beat_lock = threading.Lock()
+        self.hang = hang  # the live hang verdict (distinit.hang), sampled and judged once a beat
+        self._left: set[int] = set()  # ranks whose last beat said bye (teardown())
+        self._hang_failed = False
 
     @property
     def _board(self) -> Board:
@@ -299,12 +306,34 @@ class Liveness:
 
     @classmethod
     def started(
-        cls, store: Store, *, rank: int, world_size: int, environ: Mapping[str, str], master: tuple[str, int] | None
+        cls,
+        store: Store,
+        *,
+        rank: int,
+        world_size: int,
+        environ: Mapping[str, str],
+        master: tuple[str, int] | None,
+        hang: HangSettings | None = None,
+        counts: Callable[[], dict[str, int]] | None = None,
     ) -> Liveness:
-        """A started watch at the join's pace for ``world_size`` (and the loss bound ``environ`` sets)."""
+        """A started watch at the join's pace for ``world_size`` (and the loss bound ``environ`` sets).
+
+        With ``hang`` enabled, it also samples the calling thread's stack for the hang verdict (``counts``: the
+        collectives issued per group).
+        """
         pace = Pace.for_world(world_size, loss_bound=loss_bound(environ))
+        watch = None
+        if hang is not None and hang.enabled:
+            watch = HangWatch(hang, rank=rank, counts=counts or dict, thread_id=threading.get_ident(), environ=environ)
         liveness = cls(
-            store, rank=rank, world_size=world_size, beat=pace.beat, stale=pace.stale, master=master, environ=environ
+            store,
+            rank=rank,
+            world_size=world_size,
+            beat=pace.beat,
+            stale=pace.stale,
+            master=master,
+            environ=environ,
+            hang=watch,
         )
         liveness.introduce()
         liveness.start()
@@ -367,7 +396,8 @@ class Liveness:
                         self._warn(silent)
                 for rank in set(warned) - {s.rank for s in silent_now}:
                     self._back(rank, seen[rank][0] if rank in seen else None, warned.pop(rank))  # not seen: bye
-                if self._stop.wait(self._beat_every) or not dist.is_initialized():
+                self._hang_tick(seen)
+                if self._pause() or not dist.is_initialized():
                     # stopped, or the group was destroyed without teardown(): say so, then let go of its store
                     self.store.set(f"beat/{self.rank}", BYE)
                     return
@@ -379,6 +409,104 @@ class Liveness:
         finally:
             if not dist.is_initialized():
                 self.store = None  # type: ignore[assignment]  # the group is gone: free its store (rank 0: the server)
+
+    def _pause(self) -> bool:
+        """Wait one beat (True: stopped); with ``on_hang="abort"``, read the verdict every :data:`ABORT_POLL` s.
+
+        A verdict that stops the job must reach every rank well within its 2 s: the culprit waits for the others to
+        have heard it before it leaves (its exit fails their collectives at once).
+        """
+        hang = self.hang
+        if hang is None or hang.settings.on_hang != "abort":
+            return self._stop.wait(self._beat_every)
+        end = time.monotonic() + self._beat_every
+        while (left := end - time.monotonic()) > 0:
+            if self._stop.wait(min(ABORT_POLL, left)):
+                return True
+            if self.store.check(["hang"]):
+                hang.heard(self.store.get("hang"), peers=self._peers())
+        return False
+
+    def _hang_tick(self, seen: dict[int, tuple[bytes, float]]) -> None:
+        """The hang verdict's part of a beat: publish where this rank is; judge (rank 0); read the verdict.
+
+        A fault in the sampling or judging (a bug, not a store failure) turns the hang verdict off with one
+        WARNING and leaves the liveness watch running.
+        """
+        hang = self.hang
+        if hang is None:
+            return
+        try:
+            position = hang.position()
+            if position is not None:
+                self.store.set(f"pos/{self.rank}", position)
+            if self.rank == 0 or (self.rank == 1 and 0 in seen and time.monotonic() - seen[0][1] >= self.window):
+                self._judge_hang(hang, seen)
+            if self.store.check(["hang"]):
+                hang.heard(self.store.get("hang"), peers=self._peers())
+        except (RuntimeError, OSError):
+            raise  # the store: the watch's own handling
+        except Exception as exc:  # a defect in the verdict must not end the liveness watch
+            self.hang = None
+            logger.warning(
+                "rank %d: the hang verdict is off for the rest of this run: %s: %s",
+                self.rank,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+                extra={"distinit": {"event": "hang.failed", "rank": self.rank}},
+            )
+
+    def _judge_hang(self, hang: HangWatch, seen: dict[int, tuple[bytes, float]]) -> None:
+        """Read every rank's position (one round trip), judge, and publish a new verdict under ``hang``."""
+        ranks = list(range(self.world_size))
+        present = self._present(ranks, "pos")
+        values = self.store.multi_get([f"pos/{r}" for r in present]) if present else []
+        positions: dict[int, bytes | None] = dict(zip(present, values, strict=True))
+        now = time.monotonic()
+        silent = {r: now - first for r, (_, first) in seen.items()}
+        silent.update((r, math.inf) for r in self._left)
+        states = states_of(positions, ranks=ranks, silent_for=silent)
+        if not hang.needs_detail(states, silent_after=self.window):
+            return
+        states = states_of(positions, ranks=ranks, silent_for=silent, who=self.describe, process=self._process)
+        record = hang.consider(states, silent_after=self.window)
+        if record is not None:
+            self.store.set("hang", record)
+
+    def _process(self, rank: int) -> str:
+        """What this host's kernel says of ``rank``'s process: left, stopped, running, gone; "" (another host)."""
+        if rank in self._left:
+            return "left"
+        where, _, pid = self._who.get(rank, "").partition("|")
+        if where != self.host or not (pid.isascii() and pid.isdigit()):
+            return ""
+        state = _proc_state(int(pid))
+        if state in (None, "Z", "X"):
+            return "gone"
+        return "stopped" if state in ("T", "t") else "running"
+
+    def _peers(self) -> Peers:
+        """What the hang verdict's abort learns of the others: who is gone here, and who heard the verdict."""
+        store = self.store
+
+        def acked(ranks: Sequence[int]) -> bool:
+            with contextlib.suppress(RuntimeError, OSError):
+                return not ranks or store.check([f"hang/ack/{r}" for r in ranks])
+            return False
+
+        def ack() -> None:
+            with contextlib.suppress(RuntimeError, OSError):
+                store.set(f"hang/ack/{self.rank}", "1")
+
+        return Peers(world_size=self.world_size, gone=self._culprit_gone, ack=ack, acked=acked)
+
+    def _culprit_gone(self, rank: int) -> bool | None:
+        """Whether ``rank``'s process is gone (None: not on this host, unknown)."""
+        who = self._who.get(rank)
+        if who is None or who.partition("|")[0] != self.host:
+            return None
+        return _gone_here(who, self.host)
 
     def _learn(self) -> None:
         """Rank 0's beat carries the mark: read the finding once, keep it, and acknowledge it."""
@@ -418,6 +546,7 @@ class Liveness:
                     self._learn()
             if value == BYE.encode():  # left on purpose (teardown): never silent
                 seen.pop(rank, None)
+                self._left.add(rank)
                 continue
             before = seen.get(rank)
             if before is None or before[0] != value:
@@ -706,16 +835,22 @@ def _plausible_who(host: str, pid: str) -> bool:
     return 0 < len(host) <= 255 and host.isprintable() and " " not in host and pid.isascii() and pid.isdigit()
 
 
+def _proc_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, t, Z, X...), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "?"  # there, but not readable here
+    end = stat.rfind(b")")
+    return stat[end + 2 : end + 3].decode(errors="replace") or "?"
+
+
 def _gone_here(who: str, host: str) -> bool:
     """``host|pid`` names a process of this host that no longer exists (a zombie is gone: it runs no more)."""
     where, _, pid = who.partition("|")
     if where != host or not (pid.isascii() and pid.isdigit()):
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+    return _proc_state(int(pid)) in (None, "Z", "X")

@@ -1,0 +1,225 @@
+"""Where one rank's main thread is, as it publishes it: :class:`Position`, and :class:`Sampler`, which takes it.
+
+The liveness thread of :func:`distinit.setup` samples the main thread's Python stack once a beat
+(``sys._current_frames``: no signal, no tracing, a few microseconds) and classifies it by *where* its frames are,
+never by what they are called:
+
+* ``collective``: the innermost frame is inside ``torch.distributed`` (a collective, or a wait on its result in
+  torch's own code); ``op`` is that frame's function (``all_reduce``), ``at`` the call site outside torch and
+  distinit (``train.py:88``);
+* ``code``: anywhere else; ``at`` is the innermost frame and ``own`` the innermost frame outside the Python
+  installation and its libraries (the user's own code), when they differ.
+
+With it go the collectives issued so far per process group (torch's per-group sequence numbers, where this torch
+has them), how long the rank has been at this same place with the same counts (``still``: a loop that returns to
+the same line issues new collectives, so its counts move), and the median time between collectives seen here
+(``gap``, once :data:`GAPS_KNOWN` are known): the verdict's threshold grows with a slow loop.
+
+A position is JSON of at most :data:`MAX_BYTES`, parsed defensively: any client of the store can write the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import sysconfig
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Literal, TypeGuard
+
+#: A position's largest encoding (bytes); anything longer on the store is not a position.
+MAX_BYTES = 4096
+#: Gaps between collectives seen before their median counts (see :class:`Sampler`).
+GAPS_KNOWN = 5
+#: How many frames up from the innermost are looked at.
+MAX_DEPTH = 200
+
+#: ``own`` of a stack with no frame of the user's own code (a script installed as a library, an interpreter hook).
+NO_OWN = "-"
+
+Kind = Literal["collective", "code"]
+
+
+@dataclass(frozen=True)
+class Position:
+    """One rank's main thread, as sampled: what :func:`distinit.hang.judge` compares across ranks."""
+
+    kind: Kind
+    op: str  # collective: the torch.distributed function; code: the innermost function
+    at: str  # collective: the call site outside torch and distinit; code: the innermost frame (file:line)
+    own: str = ""  # "": ``at`` is the user's own code; else its innermost own frame "fn at file:line", or NO_OWN
+    counts: Mapping[str, int] = field(default_factory=dict)  # collectives issued, per group ("world": default)
+    still: float = 0.0  # seconds at this place with these counts, as the rank measured it
+    gap: float | None = None  # median seconds between collectives seen here (None: not known yet)
+
+    def encode(self) -> str:
+        """Compact JSON, at most :data:`MAX_BYTES` (long names are cut)."""
+        record = {
+            "k": self.kind,
+            "op": self.op[:80],
+            "at": self.at[:200],
+            "own": self.own[:200],
+            "n": dict(list(self.counts.items())[:16]),
+            "s": round(self.still, 1),
+            "g": None if self.gap is None else round(self.gap, 2),
+        }
+        return json.dumps(record, separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> Position | None:
+        """The position ``value`` encodes, or None for anything else (too long, not JSON, wrong types)."""
+        if len(value) > MAX_BYTES:
+            return None
+        try:
+            record = json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(record, dict):
+            return None
+        kind, op, at, own = record.get("k"), record.get("op"), record.get("at"), record.get("own", "")
+        counts, still, gap = record.get("n", {}), record.get("s"), record.get("g")
+        if kind not in ("collective", "code") or not (isinstance(op, str) and isinstance(at, str)):
+            return None
+        if not isinstance(own, str):
+            return None
+        if not isinstance(counts, dict) or not all(
+            isinstance(k, str) and type(v) is int and v >= 0 for k, v in counts.items()
+        ):
+            return None
+        if not _seconds(still):
+            return None
+        if gap is None:
+            return cls(kind, op, at, own, counts, float(still), None)
+        return cls(kind, op, at, own, counts, float(still), float(gap)) if _seconds(gap) else None
+
+    def place(self) -> str:
+        """Where it is, in words: ``all_reduce at train.py:88``, or ``load_batch at data.py:41 (its own code)``."""
+        if self.kind == "collective":
+            return f"{self.op} at {self.at}"
+        if not self.own:
+            return f"{self.op} at {self.at} (its own code)"
+        if self.own == NO_OWN:
+            return f"{self.op} at {self.at} (no frame of its own code)"
+        return f"{self.op} at {self.at}, called from {self.own} (its own code)"
+
+
+def _seconds(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
+
+
+def _dir(path: str) -> str:
+    return os.path.realpath(path).rstrip(os.sep) + os.sep
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """The Python installation and its site-packages: frames there are not the user's own code."""
+    paths = sysconfig.get_paths()
+    found = {_dir(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    found.add(_dir(os.path.dirname(os.__file__)))
+    return tuple(sorted(found, key=len, reverse=True))  # the deepest first: site-packages before its stdlib
+
+
+class Sampler:
+    """Samples one thread's stack (the main thread by default) into a :class:`Position`, once per call.
+
+    Not thread-safe: one caller (the liveness thread). ``counts`` reads the collectives issued per group.
+    """
+
+    def __init__(
+        self,
+        counts: Callable[[], dict[str, int]],
+        *,
+        thread_id: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        import torch  # the liveness thread runs after setup(): torch is loaded
+
+        self._counts, self._clock = counts, clock
+        self._thread_id = threading.main_thread().ident if thread_id is None else thread_id
+        self._torch = _dir(os.path.dirname(torch.__file__))
+        self._dist = self._torch + "distributed" + os.sep
+        self._ours = _dir(os.path.dirname(os.path.dirname(__file__)))
+        self._libraries = _library_dirs()
+        self._cwd = _dir(os.getcwd())
+        self._last: tuple[object, ...] | None = None
+        self._since = 0.0
+        self._world: int | None = None
+        self._changed: float | None = None
+        self._gaps: deque[float] = deque(maxlen=32)
+
+    def sample(self) -> Position | None:
+        """The thread's position now (None: the thread is gone)."""
+        frame = sys._current_frames().get(self._thread_id) if self._thread_id is not None else None
+        if frame is None:
+            return None
+        frames: list[tuple[str, int, str]] = []
+        current: FrameType | None = frame
+        while current is not None and len(frames) < MAX_DEPTH:
+            code = current.f_code
+            frames.append((code.co_filename, current.f_lineno or 0, code.co_name))
+            current = current.f_back
+        del frame, current
+        counts = self._counts()
+        now = self._clock()
+        self._note_gap(counts.get("world"), now)
+        position = self._classify(frames, counts)
+        key = (position.kind, position.op, position.at, frames[0][:2] if frames else None, tuple(counts.items()))
+        if key != self._last:
+            self._last, self._since = key, now
+        gap = statistics.median(self._gaps) if len(self._gaps) >= GAPS_KNOWN else None
+        return Position(position.kind, position.op, position.at, position.own, counts, still=now - self._since, gap=gap)
+
+    def _note_gap(self, world: int | None, now: float) -> None:
+        """The default group's count moved: the time since it last moved, as seen here, is one gap."""
+        if world is None or world == self._world:
+            return
+        if self._world is not None and self._changed is not None:
+            self._gaps.append(now - self._changed)
+        self._world, self._changed = world, now
+
+    def _classify(self, frames: list[tuple[str, int, str]], counts: dict[str, int]) -> Position:
+        if not frames:
+            return Position("code", "?", "?", counts=counts)
+        inner_file, _, inner_name = frames[0]
+        own = next((f for f in frames if self._own(f[0])), None)
+        if self._real(inner_file).startswith(self._dist):
+            site = next((f for f in frames if not self._inside(f[0])), None)
+            at = self._site(site) if site is not None else self._site(frames[0])
+            return Position("collective", inner_name, at, counts=counts)
+        at = self._site(frames[0])
+        if own == frames[0]:
+            return Position("code", inner_name, at, counts=counts)
+        if own is None:
+            return Position("code", inner_name, at, own=NO_OWN, counts=counts)
+        return Position("code", inner_name, at, own=f"{own[2]} at {self._site(own)}", counts=counts)
+
+    @staticmethod
+    def _real(path: str) -> str:
+        return os.path.realpath(path) if path and not path.startswith("<") else path
+
+    def _inside(self, path: str) -> bool:
+        """A frame of torch's or distinit's (not the caller's site)."""
+        real = self._real(path)
+        return real.startswith(self._torch) or real.startswith(self._ours)
+
+    def _own(self, path: str) -> bool:
+        """A frame of the user's own code: a real file outside the Python installation, its libraries and distinit."""
+        if not path or path.startswith("<"):
+            return False
+        real = self._real(path)
+        return not (real.startswith(self._ours) or any(real.startswith(d) for d in self._libraries))
+
+    def _site(self, frame: tuple[str, int, str]) -> str:
+        """``file:line``: relative to the working directory or a library directory, else the file's base name."""
+        path, line, _ = frame
+        real = self._real(path)
+        for base in (*self._libraries, self._cwd):
+            if real.startswith(base):
+                return f"{real[len(base) :]}:{line}"
+        return f"{os.path.basename(path)}:{line}"

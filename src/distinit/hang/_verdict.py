@@ -1,0 +1,214 @@
+"""The hang verdict itself: a pure function of what every rank published (:func:`judge`).
+
+Inputs, one :class:`RankState` per rank: its :class:`~._position.Position` (where its main thread is, how long
+it has been there, the collectives it issued), how long its beat has been silent as the judge saw it, and, on
+the judge's host, what the kernel says of its process. The rules:
+
+1. **Waiting ranks**: in a ``torch.distributed`` frame at the same place for ``threshold`` s or more. Ranks in
+   the same call at the same site for less join them (they arrived later).
+2. No waiting rank: no verdict, except the asynchronous case (NCCL, or ``async_op=True``), where the main
+   thread waits in its own code (``.item()``, ``synchronize()``): when every beating rank has stayed put for
+   ``threshold`` s and the default group's collective counts differ, the ranks that issued fewer are behind.
+3. Every other rank is a fact: silent (its beat stopped: stopped, holding the GIL, gone or cut off), in its own
+   code, or in a different collective. A rank elsewhere that has already issued as many collectives as the
+   waiting ranks (an asynchronous op) is not a suspect: the collective does not wait for it.
+4. The suspects are the likely culprits. With none, the waiting ranks in different calls are a **mismatch**
+   (a desync: both call sites named), and every rank in the same call is **stuck** (none is missing: a slow
+   or stalled transport), said as such and never a reason to stop the job.
+
+Collective numbers (``#5``) are quoted only when they identify the call: the ranks use the default group
+alone, and the waiting ranks agree on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from distinit.hang._position import Position
+
+#: The threshold when neither ``hang_after`` nor a step time says otherwise (seconds).
+DEFAULT_HANG_AFTER = 10.0
+#: At most this many suspects and mismatching calls are spelled out; the rest are counted.
+SPELLED = 8
+
+VerdictKind = Literal["culprit", "mismatch", "stuck", "unknown"]
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank as the judge sees it."""
+
+    rank: int
+    who: str  # "rank 2 (host b, pid 4242)"
+    position: Position | None
+    silent_for: float = 0.0  # its beat unchanged for this long, as the judge saw it
+    process: str = ""  # "left" (teardown()); on the judge's host "stopped", "running", "gone"; "" when not known
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    """What :func:`judge` found: one line, the same on every rank, and the ranks it is about."""
+
+    kind: VerdictKind
+    text: str
+    waiting: tuple[int, ...]
+    culprits: tuple[int, ...]
+    key: str  # the same hang judged again gives the same key (a new verdict only when this changes)
+
+    @property
+    def stops_the_job(self) -> bool:
+        """Whether ``on_hang="abort"`` acts on it: a named culprit or a mismatch, never "stuck" or "unknown"."""
+        return self.kind in ("culprit", "mismatch")
+
+
+def threshold(hang_after: float | None, positions: Iterable[Position | None]) -> float:
+    """``hang_after`` when given, else :data:`DEFAULT_HANG_AFTER` or twice the slowest rank's median gap."""
+    if hang_after is not None:
+        return hang_after
+    gaps = [p.gap for p in positions if p is not None and p.gap is not None]
+    return max(DEFAULT_HANG_AFTER, 2 * max(gaps)) if gaps else DEFAULT_HANG_AFTER
+
+
+def judge(states: Sequence[RankState], *, threshold: float, silent_after: float) -> HangVerdict | None:
+    """The verdict on ``states`` (one per rank), or None when no rank has waited ``threshold`` s in a collective."""
+    fresh = {s.rank: s.position for s in states if s.position is not None and s.silent_for < silent_after}
+    waiting = [r for r, p in fresh.items() if p.kind == "collective" and p.still >= threshold]
+    if not waiting:
+        return _asynchronous(states, fresh, threshold=threshold, silent_after=silent_after)
+    calls = {(fresh[r].op, fresh[r].at) for r in waiting}
+    # ranks in one of the waiting calls for less time arrived later: they wait too
+    waiting += [r for r, p in fresh.items() if r not in waiting and p.kind == "collective" and (p.op, p.at) in calls]
+    waiting.sort()
+    number = _number([fresh[r] for r in waiting])
+    others = [s for s in states if s.rank not in waiting]
+    suspects: list[RankState] = []
+    elsewhere: list[RankState] = []  # in another collective
+    facts: list[str] = []
+    for state in others:
+        position = fresh.get(state.rank)
+        if position is not None and position.kind == "collective":
+            elsewhere.append(state)
+            facts.append(f"{state.who} is in {position.place()}{_num(_number([position]))} for {position.still:.0f} s")
+        elif position is not None and number is not None and position.counts.get("world", -1) >= number:
+            facts.append(f"{state.who} has issued #{number} and is in {position.place()} (not waited for)")
+        else:
+            suspects.append(state)
+            facts.append(_fact(state, silent_after))
+    head = _waiting_text(waiting, fresh, number)
+    culprits = tuple(s.rank for s in suspects)
+    ops = sorted({fresh[r].op for r in waiting} | {fresh[s.rank].op for s in elsewhere})
+    if suspects:
+        kind: VerdictKind = "culprit"
+        named = _ranks([s.rank for s in suspects])
+        tail = f"{named} is the likely culprit" if len(suspects) == 1 else f"{named} are the likely culprits"
+    elif len(calls) > 1 or elsewhere:
+        kind, tail = "mismatch", "the ranks called different collectives (a desync); no rank is missing"
+    else:
+        kind = "stuck"
+        tail = (
+            "none is missing: the collective itself has not completed (a large or slow transfer, or a stalled "
+            "network or backend); no culprit"
+        )
+    text = f"hang: {head}" + (f"; {'; '.join(_spelled(facts))}" if facts else "") + f" — {tail}"
+    key = f"{kind}|{','.join(map(str, culprits))}|{number}|{'/'.join(ops)}"
+    return HangVerdict(kind, text, tuple(waiting), culprits, key)
+
+
+def _asynchronous(
+    states: Sequence[RankState], fresh: dict[int, Position], *, threshold: float, silent_after: float
+) -> HangVerdict | None:
+    """No rank waits inside torch: every rank stayed put and the default group's counts differ (NCCL's case)."""
+    beating = [s for s in states if s.silent_for < silent_after]
+    if not beating or any(s.rank not in fresh or fresh[s.rank].still < threshold for s in beating):
+        return None
+    counts = {r: p.counts.get("world") for r, p in fresh.items()}
+    if None in counts.values() or any(len(p.counts) != 1 for p in fresh.values()):
+        return None
+    top = max(c for c in counts.values() if c is not None)
+    ahead = sorted(r for r, c in counts.items() if c == top)
+    behind = [s for s in states if s.rank not in ahead]
+    if not behind or len(ahead) == len(states):
+        return None
+    facts = []
+    for state in behind:
+        position = fresh.get(state.rank)
+        if position is not None:
+            facts.append(f"{state.who} has issued #{position.counts['world']} only and is in {position.place()}")
+        else:
+            facts.append(_fact(state, silent_after))
+    wait = min(fresh[r].still for r in ahead)
+    places = sorted({fresh[r].place() for r in ahead})
+    head = (
+        f"{_ranks(ahead)} issued collective #{top} and have waited {wait:.0f} s since, in "
+        f"{' or '.join(places[:3])} (an asynchronous collective's result)"
+    )
+    culprits = tuple(s.rank for s in behind)
+    named = _ranks(list(culprits))
+    tail = f"{named} is the likely culprit" if len(culprits) == 1 else f"{named} are the likely culprits"
+    text = f"hang: {head}; {'; '.join(_spelled(facts))} — {tail}"
+    return HangVerdict("culprit", text, tuple(ahead), culprits, f"culprit|{','.join(map(str, culprits))}|{top}|async")
+
+
+def _fact(state: RankState, silent_after: float) -> str:
+    """What is known of a suspect: silent (and what its process does), no position, or where it is."""
+    if state.process == "left":
+        return f"{state.who} left through teardown() (it issued fewer collectives, or ended early)"
+    if state.silent_for >= silent_after:
+        how = {
+            "stopped": "its process is stopped (state T: SIGSTOP, a debugger or job control)",
+            "running": "its process runs but its liveness thread cannot (a C call holding the GIL?)",
+            "gone": "its process is gone",
+        }.get(state.process, "frozen, holding the GIL, or cut off from the store")
+        return f"{state.who} has not beaten for {state.silent_for:.0f} s: {how}"
+    if state.position is None:
+        return f"{state.who} has published no position (unknown where it is)"
+    return f"{state.who} is in {state.position.place()}"
+
+
+def _waiting_text(waiting: list[int], fresh: dict[int, Position], number: int | None) -> str:
+    by_call: dict[tuple[str, str], list[int]] = {}
+    for rank in waiting:
+        by_call.setdefault((fresh[rank].op, fresh[rank].at), []).append(rank)
+    parts = []
+    for (op, at), ranks in sorted(by_call.items(), key=lambda item: item[1][0]):
+        wait = max(fresh[r].still for r in ranks)
+        verb = "has" if len(ranks) == 1 else "have"
+        parts.append(f"{_ranks(ranks)} {verb} waited {wait:.0f} s in {op}{_num(number)} at {at}")
+    return "; ".join(_spelled(parts))
+
+
+def _number(positions: Sequence[Position]) -> int | None:
+    """The default group's collective number, when it identifies the call: one group only, and every rank agrees."""
+    if not positions or any(len(p.counts) != 1 or "world" not in p.counts for p in positions):
+        return None
+    numbers = {p.counts["world"] for p in positions}
+    return numbers.pop() if len(numbers) == 1 else None
+
+
+def _num(number: int | None) -> str:
+    return f" #{number}" if number is not None else ""
+
+
+def _spelled(parts: list[str]) -> list[str]:
+    if len(parts) <= SPELLED:
+        return parts
+    return [*parts[:SPELLED], f"and {len(parts) - SPELLED} more"]
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 2``, ``ranks 0,1,3``, ``ranks 0-30,32-63``: runs of three or more as ranges."""
+    ranks = sorted(set(ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        runs.append(f"{start}-{prev}" if prev - start >= 2 else ",".join(map(str, range(start, prev + 1))))
+        if rank is not None:
+            start = prev = rank
+    return "ranks " + ",".join(runs)

@@ -1,0 +1,107 @@
+"""A rank for the hang verdict tests: setup(), one all_reduce together, then the spec's fault.
+
+argv: a JSON spec. ``dir``: the test's tmp dir; ``mode``: ``sleep`` (rank ``culprit`` sleeps ``hold`` s in its
+own ``load_batch`` while the others all_reduce), ``stop`` (the culprit SIGSTOPs itself there; the test resumes
+it), ``gil`` (the culprit holds the GIL ``hold`` s in one C call there), ``desync`` (ranks 0 and 1 all_reduce,
+the others wait for a broadcast from rank 0), ``loop`` (every rank steps ``base`` s of its own work then one
+all_reduce, the culprit ``slow`` times longer, for ``duration`` s). ``hang_after`` and ``on_hang`` go to setup().
+Each rank writes ``entered<rank>`` (the wall clock as it enters the collective that waits) and the first hang
+verdict distinit logs, with its time, to ``verdict<rank>.json``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import distinit
+
+
+class _Verdicts(logging.Handler):
+    def __init__(self, where: Path) -> None:
+        super().__init__()
+        self.where = where
+
+    def emit(self, record: logging.LogRecord) -> None:
+        info = getattr(record, "distinit", {})
+        path = self.where / f"verdict{info.get('rank')}.json"
+        if info.get("event") == "hang.verdict" and not path.exists():
+            path.write_text(json.dumps({"at": record.created, "message": record.getMessage()}))
+        if info.get("event") == "hang.abort":
+            (self.where / f"abort{info.get('rank')}.json").write_text(json.dumps({"at": record.created}))
+
+
+def load_batch(spec: dict[str, object], rank: int) -> None:
+    """The culprit's own code: where the verdict must find it."""
+    mode, hold = spec["mode"], float(spec.get("hold", 0))  # type: ignore[arg-type]
+    if mode == "sleep":
+        time.sleep(hold)
+    elif mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif mode == "gil":
+        ctypes.PyDLL(None).sleep(int(hold))  # libc's sleep, keeping the GIL: no thread of this process runs
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    where = Path(spec["dir"])
+    log = logging.getLogger("distinit")
+    log.addHandler(_Verdicts(where))
+    debug = logging.FileHandler(where / f"debug{os.environ['RANK']}.log")
+    debug.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
+    log.addHandler(debug)
+    log.setLevel(logging.DEBUG)
+    result = distinit.setup(
+        "gloo",
+        deadline=60,
+        attempt_timeout=30,
+        hang_after=spec.get("hang_after"),
+        on_hang=spec.get("on_hang", "report"),
+    )
+    rank = result.env.rank
+    (where / f"ready{rank}").write_text(str(os.getpid()))
+    end = time.monotonic() + 180
+    while not (where / "go").exists():
+        if time.monotonic() > end:
+            raise SystemExit("no go from the test within 180 s")
+        time.sleep(0.02)
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)  # together once: every rank is past setup() and in step
+    mode = spec["mode"]
+    if mode == "loop":
+        stop = time.monotonic() + float(spec["duration"])
+        base = float(spec["base"]) * (float(spec["slow"]) if rank == spec["culprit"] else 1.0)
+        steps = 0
+        while time.monotonic() < stop:
+            time.sleep(base)  # this rank's own work
+            dist.all_reduce(tensor)
+            steps += 1
+        (where / f"steps{rank}").write_text(str(steps))
+    elif mode == "desync":
+        (where / f"entered{rank}").write_text(repr(time.time()))
+        if rank < 2:
+            dist.all_reduce(tensor)
+        else:
+            dist.broadcast(tensor, 0)
+    else:
+        if rank == spec["culprit"]:
+            load_batch(spec, rank)
+        else:
+            (where / f"entered{rank}").write_text(repr(time.time()))
+        dist.all_reduce(tensor)
+        assert tensor.item() == dist.get_world_size() ** 2, tensor
+    distinit.teardown()
+    (where / f"done{rank}").touch()
+
+
+if __name__ == "__main__":
+    main()
