@@ -9,7 +9,7 @@ user's code; ``setup(on_hang="abort")`` also stops every rank with :data:`HANG_E
 See docs/hangs.md.
 """
 
-from distinit.hang._position import Position, Sampler
+from distinit.hang._position import Position, Sampler, still_of
 from distinit.hang._verdict import DEFAULT_HANG_AFTER, HangVerdict, RankState, judge, threshold
 from distinit.hang._watch import (
     HANG_AFTER_VARIABLE,
@@ -44,5 +44,6 @@ __all__ = [
     "judge",
     "parse_record",
     "states_of",
+    "still_of",
     "threshold",
 ]

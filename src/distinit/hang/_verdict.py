@@ -79,10 +79,12 @@ def judge(states: Sequence[RankState], *, threshold: float, silent_after: float)
         return _asynchronous(states, fresh, threshold=threshold, silent_after=silent_after)
     calls = {(fresh[r].op, fresh[r].at) for r in waiting}
     # ranks in one of the waiting calls for less time arrived later: they wait too
-    waiting += [r for r, p in fresh.items() if r not in waiting and p.kind == "collective" and (p.op, p.at) in calls]
+    first = set(waiting)
+    waiting += [r for r, p in fresh.items() if r not in first and p.kind == "collective" and (p.op, p.at) in calls]
     waiting.sort()
     number = _number([fresh[r] for r in waiting])
-    others = [s for s in states if s.rank not in waiting]
+    waits = set(waiting)
+    others = [s for s in states if s.rank not in waits]
     suspects: list[RankState] = []
     elsewhere: list[RankState] = []  # in another collective
     facts: list[str] = []
@@ -128,7 +130,8 @@ def _asynchronous(
         return None
     top = max(c for c in counts.values() if c is not None)
     ahead = sorted(r for r, c in counts.items() if c == top)
-    behind = [s for s in states if s.rank not in ahead]
+    front = set(ahead)
+    behind = [s for s in states if s.rank not in front]
     if not behind or len(ahead) == len(states):
         return None
     facts = []

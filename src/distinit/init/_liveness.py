@@ -55,7 +55,7 @@ from distinit._board import Board, text
 from distinit._duration import wait_bound
 from distinit._net import probe
 from distinit.errors import RankLostError
-from distinit.hang import HangSettings, HangWatch, Peers, states_of
+from distinit.hang import DEFAULT_HANG_AFTER, HangSettings, HangWatch, Peers, states_of, still_of
 from distinit.init._policy import Pace, loss_bound, store_sign
 
 logger = logging.getLogger("distinit.init")
@@ -463,6 +463,9 @@ class Liveness:
         present = self._present(ranks, "pos")
         values = self.store.multi_get([f"pos/{r}" for r in present]) if present else []
         positions: dict[int, bytes | None] = dict(zip(present, values, strict=True))
+        floor = hang.settings.hang_after or DEFAULT_HANG_AFTER  # the threshold is never below it
+        if max(map(still_of, values), default=0.0) < floor:
+            return  # no rank has stayed put that long: no verdict possible (parsed only when one has)
         now = time.monotonic()
         silent = {r: now - first for r, (_, first) in seen.items()}
         silent.update((r, math.inf) for r in self._left)

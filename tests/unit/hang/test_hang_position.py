@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.utils.store import barrier
 
 from distinit.hang import Position, Sampler
-from distinit.hang._position import MAX_BYTES, NO_OWN
+from distinit.hang._position import MAX_BYTES, NO_OWN, still_of
 
 
 @contextmanager
@@ -123,3 +123,10 @@ def test_positions_round_trip() -> None:
 )
 def test_anything_else_on_the_key_is_no_position(junk: bytes) -> None:
     assert Position.parse(junk) is None
+
+
+def test_still_is_read_from_the_first_field_alone() -> None:
+    assert still_of(Position("code", "f", "a.py:1", still=12.34).encode().encode()) == 12.3
+    junk = (b"", b"junk", b'{"s":', b'{"s":nan,', b'{"s":-4,', b'{"s":1e99,', b'{"s":' + b"9" * 100, b'{"k":1,"s":5}')
+    for value in junk:
+        assert still_of(value) == 0.0, value
