@@ -750,6 +750,53 @@ def import_cost(data: dict[str, Any]) -> Section:
     return "Import: cost over import torch", lines
 
 
+# ---------------------------------------------------------------------------------------------- hang
+def hang(data: dict[str, Any]) -> Section:
+    """The hang verdict: the step time with it on and off (interleaved worlds), and the judge's work per beat."""
+    over, scale = data.get("overhead"), data.get("scale")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
+    lines: list[str] = []
+    if over is not None:
+        ax = axes[0]
+        rounds = range(len(over["per_step_s"]["off"]))
+        width = 0.38
+        ax.bar([r - width / 2 for r in rounds], [x * 1e3 for x in over["per_step_s"]["off"]], width, color=FLOOR,
+               label="off (setup(hang_verdict=False))")  # fmt: skip
+        ax.bar([r + width / 2 for r in rounds], [x * 1e3 for x in over["per_step_s"]["on"]], width, color=OURS,
+               label="on (the default)")  # fmt: skip
+        ax.set_xticks(list(rounds), [f"round {r + 1}" for r in rounds])
+        ax.set_ylabel("ms per step (rank 0)")
+        ax.set_title(f"World 4, gloo, {over['step_ms']:.0f} ms CPU + all_reduce per step")
+        ax.legend(fontsize=6.5, loc="lower right")
+        lines.append(
+            f"- Overhead: median {over['median_on_s'] * 1e3:.3f} ms per step on, {over['median_off_s'] * 1e3:.3f} ms "
+            f"off: ratio {over['ratio_on_off']:.4f} (target <= {over['target_ratio']})"
+        )
+    if scale is not None:
+        ax = axes[1]
+        ns = sorted(scale["ranks"], key=int)
+        for key, label, color in (
+            ("multi_get_ms", "read every position", FLOOR),
+            ("first_look_ms", "first look (the usual beat)", OURS),
+            ("judge_a_hang_ms", "parse + judge a hang", THEIRS),
+        ):
+            ax.plot([int(n) for n in ns], [scale["ranks"][n].get(key, float("nan")) for n in ns], "o-", color=color,
+                    label=label)  # fmt: skip
+        plain_log(ax)
+        ax.set_yscale("log")
+        ax.set_xlabel("simulated ranks (log)")
+        ax.set_ylabel("ms per beat on rank 0 (log)")
+        ax.set_title("The judge's work per beat")
+        ax.legend(fontsize=6.5)
+        for n in ns:
+            row = scale["ranks"][n]
+            lines.append(
+                f"- {n} ranks: read {row['multi_get_ms']} ms, first look {row.get('first_look_ms', '-')} ms, "
+                f"judge a hang {row['judge_a_hang_ms']} ms, {row['bytes_read_per_beat']} bytes per beat"
+            )
+    return "Hang verdict: cost", [save(fig, "hang"), "", *lines, ""]
+
+
 # ---------------------------------------------------------------------------------------------- cuda
 CUDA_PANELS = (
     ("nccl world 1", "model B: ", "NCCL, world 1: model B (2000 x 4 KB on the GPU)"),
@@ -1182,6 +1229,7 @@ def sections() -> list[str]:
         ("doctor", "Doctor", lambda d: [("tiers", lambda: doctor(d))]),
         ("import", "Import", lambda d: [("cost", lambda: import_cost(d))]),
         ("torchrun", "torchrun", lambda d: [("rendezvous", lambda: torchrun(d))]),
+        ("hang", "Hang verdict", lambda d: [("cost", lambda: hang(d))]),
         ("scale", "Scale", lambda d: [("header", lambda: scale_header(d))]),
         ("cuda", "CUDA", lambda d: [("gpu", lambda: cuda(d))]),
     ]
