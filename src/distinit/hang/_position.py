@@ -63,9 +63,9 @@ class Position:
         record = {
             "s": round(self.still, 1),  # first: the judge reads it without parsing the rest (:func:`still_of`)
             "k": self.kind,
-            "op": self.op[:80],
-            "at": self.at[:200],
-            "own": self.own[:200],
+            "op": _printable(self.op[:80]),
+            "at": _printable(self.at[:200]),
+            "own": _printable(self.own[:200]),
             "n": dict(list(self.counts.items())[:16]),
             "g": None if self.gap is None else round(self.gap, 2),
         }
@@ -107,6 +107,11 @@ class Position:
         if self.own == NO_OWN:
             return f"{self.op} at {self.at} (no frame of its own code)"
         return f"{self.op} at {self.at}, called from {self.own} (its own code)"
+
+
+def _printable(text: str) -> str:
+    """``text`` with each character that does not print (a tab or newline in a file name) as ``?``."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def still_of(value: bytes) -> float:

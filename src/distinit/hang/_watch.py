@@ -119,7 +119,8 @@ class HangWatch:
         self.settings, self.rank = settings, rank
         self._sampler = Sampler(counts, thread_id=thread_id)
         self._thread_id = thread_id if thread_id is not None else threading.main_thread().ident
-        self._published: str | None = None  # the judge: the last verdict's key it published
+        self._published: str | None = None  # the judge: the key of the verdict it published for the hang now
+        self._count = 0  # the judge: verdicts published
         self._heard: str | None = None  # the last verdict's key this rank acted on
         env = os.environ if environ is None else environ
         self._file = env.get(VERDICT_FILE_VARIABLE) or None
@@ -140,13 +141,17 @@ class HangWatch:
         """The judge: a record to publish when the states make a verdict not published before, else None."""
         limit = threshold(self.settings.hang_after, (s.position for s in states))
         verdict = judge(states, threshold=limit, silent_after=silent_after)
-        if verdict is None or verdict.key == self._published:
+        if verdict is None:
+            self._published = None  # the hang is over: the same one again later is a new verdict
+            return None
+        if verdict.key == self._published:
             return None
         self._published = verdict.key
+        self._count += 1
         self.last = verdict
         return json.dumps(
             {
-                "key": verdict.key,
+                "key": f"{self._count}:{verdict.key}",  # read as new by every rank, even for a hang seen before
                 "kind": verdict.kind,
                 "text": verdict.text,
                 "waiting": list(verdict.waiting),
@@ -157,10 +162,16 @@ class HangWatch:
             }
         )
 
+    def clear(self) -> None:
+        """The judge found no hang possible this beat: a later hang, even the same one, is a new verdict."""
+        self._published = None
+
     def needs_detail(self, states: Sequence[RankState], *, silent_after: float) -> bool:
-        """Whether a verdict is due (cheap: the judge fills in hosts and processes only then)."""
+        """Whether a verdict is due (cheap: the judge fills in hosts and processes only then); clears when none is."""
         limit = threshold(self.settings.hang_after, (s.position for s in states))
         verdict = judge(states, threshold=limit, silent_after=silent_after)
+        if verdict is None:
+            self._published = None
         return verdict is not None and verdict.key != self._published
 
     def heard(self, value: bytes | str, *, peers: Peers | None = None) -> None:

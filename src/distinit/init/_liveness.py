@@ -465,6 +465,7 @@ class Liveness:
         positions: dict[int, bytes | None] = dict(zip(present, values, strict=True))
         floor = hang.settings.hang_after or DEFAULT_HANG_AFTER  # the threshold is never below it
         if max(map(still_of, values), default=0.0) < floor:
+            hang.clear()
             return  # no rank has stayed put that long: no verdict possible (parsed only when one has)
         now = time.monotonic()
         silent = {r: now - first for r, (_, first) in seen.items()}

@@ -153,3 +153,23 @@ def test_junk_on_the_verdict_key_is_never_printed_or_acted_on(junk: bytes, caplo
     with caplog.at_level("WARNING", logger="distinit"):
         watch.heard(junk, peers=None)
     assert exits == [] and not caplog.records
+
+
+def test_a_hang_that_ends_and_comes_back_is_a_new_verdict() -> None:
+    judge = HangWatch(settings(), rank=0, counts=dict, environ={}, exit=lambda code: None)
+    first = judge.consider(_states(), silent_after=2.5)
+    moving = [RankState(0, "rank 0", Position("code", "f", "t.py:1", counts={"world": 9}, still=0.1))]
+    assert judge.consider(moving, silent_after=2.5) is None  # over
+    again = judge.consider(_states(), silent_after=2.5)
+    assert first is not None and again is not None
+    assert parse_record(first).key != parse_record(again).key  # type: ignore[union-attr]  # every rank hears it
+
+
+def test_unprintable_file_names_cannot_silence_the_verdict() -> None:
+    position = Position("code", "load\tbatch", "da\nta.py:4", counts={"world": 2}, still=12)
+    parsed = Position.parse(position.encode())
+    assert parsed is not None and parsed.op == "load?batch" and parsed.at == "da?ta.py:4"
+    states = [RankState(0, "rank 0", Position("collective", "all_reduce", "t.py:9", counts={"world": 3}, still=12)),
+              RankState(1, "rank 1", parsed)]  # fmt: skip
+    record = HangWatch(settings(), rank=0, counts=dict, environ={}).consider(states, silent_after=2.5)
+    assert record is not None and parse_record(record) is not None
