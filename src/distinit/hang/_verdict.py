@@ -12,9 +12,10 @@ the judge's host, what the kernel says of its process. The rules:
 3. Every other rank is a fact: silent (its beat stopped: stopped, holding the GIL, gone or cut off), in its own
    code, or in a different collective. A rank elsewhere that has already issued as many collectives as the
    waiting ranks (an asynchronous op) is not a suspect: the collective does not wait for it.
-4. The suspects are the likely culprits. With none, the waiting ranks in different calls are a **mismatch**
-   (a desync: both call sites named), and every rank in the same call is **stuck** (none is missing: a slow
-   or stalled transport), said as such and never a reason to stop the job.
+4. The suspects are the likely culprits. With none, and once every rank has itself waited ``threshold`` s
+   (before that, a rank that just arrived may complete the call), the ranks in different calls are a
+   **mismatch** (a desync: both call sites named), and every rank in the same call is **stuck** (none is
+   missing: a slow or stalled transport), said as such and never a reason to stop the job.
 
 Collective numbers (``#5``) are quoted only when they identify the call: the ranks use the default group
 alone, and the waiting ranks agree on it.
@@ -98,6 +99,10 @@ def judge(states: Sequence[RankState], *, threshold: float, silent_after: float)
         else:
             suspects.append(state)
             facts.append(_fact(state, silent_after))
+    if not suspects and any(fresh[r].still < threshold for r in [*waiting, *(s.rank for s in elsewhere)]):
+        # every rank is in a collective and some only just arrived: the call may complete now, or the late ones
+        # are in a different call and will have waited long enough within a beat or two (then: a mismatch)
+        return None
     head = _waiting_text(waiting, fresh, number)
     culprits = tuple(s.rank for s in suspects)
     ops = sorted({fresh[r].op for r in waiting} | {fresh[s.rank].op for s in elsewhere})
