@@ -102,3 +102,20 @@ def collective_counts(limit: int = 16) -> dict[str, int]:
         if isinstance(value, int):
             counts["world" if group is default else str(name)] = value
     return counts
+
+
+def group_name(group: object) -> str | None:
+    """The name :func:`collective_counts` gives ``group``, a collective's ``group`` argument.
+
+    ``"world"`` for None or the default group, else its name in ``_world.pg_names``; None when it is neither.
+    """
+    if group is None or group is dist.group.WORLD:
+        return "world"
+    names = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_names", None)
+    if not isinstance(names, Mapping):
+        return None
+    try:
+        name = names.get(group)
+    except TypeError:  # an unhashable argument
+        return None
+    return None if name is None else str(name)

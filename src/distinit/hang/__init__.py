@@ -9,7 +9,7 @@ user's code; ``setup(on_hang="abort")`` also stops every rank with :data:`HANG_E
 See docs/hangs.md.
 """
 
-from distinit.hang._position import Position, Sampler, still_of
+from distinit.hang._position import Position, Sampler, beat_of, still_of
 from distinit.hang._verdict import DEFAULT_HANG_AFTER, HangVerdict, RankState, judge, threshold
 from distinit.hang._watch import (
     HANG_AFTER_VARIABLE,
@@ -41,6 +41,7 @@ __all__ = [
     "Position",
     "RankState",
     "Sampler",
+    "beat_of",
     "judge",
     "parse_record",
     "states_of",

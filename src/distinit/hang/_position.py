@@ -4,9 +4,9 @@ The liveness thread of :func:`distinit.setup` samples the main thread's Python s
 (``sys._current_frames``: no signal, no tracing, a few microseconds) and classifies it by *where* its frames are,
 never by what they are called:
 
-* ``collective``: the innermost frame is inside ``torch.distributed`` (a collective, or a wait on its result in
-  torch's own code); ``op`` is that frame's function (``all_reduce``), ``at`` the call site outside torch and
-  distinit (``train.py:88``);
+* ``collective``: the innermost frame is in torch's collective API (:data:`COLLECTIVE_FILES`: a collective, or a
+  wait on its result in torch's own code); ``op`` is that frame's function (``all_reduce``), ``at`` the call site
+  outside torch and distinit (``train.py:88``), ``group`` the process group it was given;
 * ``code``: anywhere else; ``at`` is the innermost frame and ``own`` the innermost frame outside the Python
   installation and its libraries (the user's own code), when they differ.
 
@@ -40,6 +40,13 @@ GAPS_KNOWN = 5
 #: How many frames up from the innermost are looked at.
 MAX_DEPTH = 200
 
+#: The files of torch.distributed whose frames are a collective call or a wait on one (torch's collective API and
+#: its wrappers); elsewhere in torch.distributed (FSDP, checkpointing, elastic) a rank is doing work, not waiting.
+COLLECTIVE_FILES = frozenset(
+    {"distributed_c10d.py", "c10d_logger.py", "_functional_collectives.py", "_functional_collectives_impl.py"}
+)
+_MISSING = object()
+
 #: ``own`` of a stack with no frame of the user's own code (a script installed as a library, an interpreter hook).
 NO_OWN = "-"
 
@@ -57,17 +64,21 @@ class Position:
     counts: Mapping[str, int] = field(default_factory=dict)  # collectives issued, per group ("world": default)
     still: float = 0.0  # seconds at this place with these counts, as the rank measured it
     gap: float | None = None  # median seconds between collectives seen here (None: not known yet)
+    group: str | None = None  # collective: the group of the call ("world": the default group), when known
+    beat: int = 0  # the publishing rank's beat number: a position whose beat does not move is stale
 
     def encode(self) -> str:
         """Compact JSON, at most :data:`MAX_BYTES` (long names are cut)."""
         record = {
-            "s": round(self.still, 1),  # first: the judge reads it without parsing the rest (:func:`still_of`)
+            "s": round(self.still, 1),  # first two: the judge reads them without parsing (:func:`still_of`)
+            "b": self.beat,
             "k": self.kind,
             "op": _printable(self.op[:80]),
             "at": _printable(self.at[:200]),
             "own": _printable(self.own[:200]),
             "n": dict(list(self.counts.items())[:16]),
             "g": None if self.gap is None else round(self.gap, 2),
+            "grp": None if self.group is None else _printable(self.group[:80]),
         }
         return json.dumps(record, separators=(",", ":"))
 
@@ -92,11 +103,14 @@ class Position:
             isinstance(k, str) and type(v) is int and v >= 0 for k, v in counts.items()
         ):
             return None
+        group, beat = record.get("grp"), record.get("b", 0)
+        if not (group is None or isinstance(group, str)) or type(beat) is not int or beat < 0:
+            return None
         if not _seconds(still):
             return None
         if gap is None:
-            return cls(kind, op, at, own, counts, float(still), None)
-        return cls(kind, op, at, own, counts, float(still), float(gap)) if _seconds(gap) else None
+            return cls(kind, op, at, own, counts, float(still), None, group, beat)
+        return cls(kind, op, at, own, counts, float(still), float(gap), group, beat) if _seconds(gap) else None
 
     def place(self) -> str:
         """Where it is, in words: ``all_reduce at train.py:88``, or ``load_batch at data.py:41 (its own code)``."""
@@ -130,6 +144,16 @@ def still_of(value: bytes) -> float:
     return still if 0.0 <= still < 1e9 else 0.0
 
 
+def beat_of(value: bytes) -> int | None:
+    """A published position's beat number, read from its second field without parsing the rest (None: unreadable)."""
+    start = value.find(b',"b":', 5, 48)
+    if start < 0:
+        return None
+    end = value.find(b",", start + 5, start + 30)
+    digits = value[start + 5 : end] if end > 0 else b""
+    return int(digits) if digits.isdigit() and len(digits) <= 18 else None
+
+
 def _seconds(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
 
@@ -158,10 +182,11 @@ class Sampler:
         *,
         thread_id: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        group_name: Callable[[object], str | None] = lambda group: None,
     ) -> None:
         import torch  # the liveness thread runs after setup(): torch is loaded
 
-        self._counts, self._clock = counts, clock
+        self._counts, self._clock, self._group_name = counts, clock, group_name
         self._thread_id = threading.main_thread().ident if thread_id is None else thread_id
         self._torch = _dir(os.path.dirname(torch.__file__))
         self._dist = self._torch + "distributed" + os.sep
@@ -175,27 +200,49 @@ class Sampler:
         self._gaps: deque[float] = deque(maxlen=32)
         self._reals: dict[str, str] = {}
 
-    def sample(self) -> Position | None:
-        """The thread's position now (None: the thread is gone)."""
+    def sample(self, beat: int = 0) -> Position | None:
+        """The thread's position now (None: the thread is gone); ``beat``: the caller's beat number, published."""
         frame = sys._current_frames().get(self._thread_id) if self._thread_id is not None else None
         if frame is None:
             return None
         frames: list[tuple[str, int, str]] = []
         current: FrameType | None = frame
+        call: FrameType | None = None  # the innermost frame of torch's collective API, where its group is
         while current is not None and len(frames) < MAX_DEPTH:
             code = current.f_code
             frames.append((code.co_filename, current.f_lineno or 0, code.co_name))
+            if call is None and os.path.basename(code.co_filename) in COLLECTIVE_FILES:
+                call = current
             current = current.f_back
         del frame, current
         counts = self._counts()
         now = self._clock()
         self._note_gap(counts.get("world"), now)
         position = self._classify(frames, counts)
+        group = self._group_of(call) if position.kind == "collective" and call is not None else None
+        del call
         key = (position.kind, position.op, position.at, frames[0][:2] if frames else None, tuple(counts.items()))
         if key != self._last:
             self._last, self._since = key, now
         gap = statistics.median(self._gaps) if len(self._gaps) >= GAPS_KNOWN else None
-        return Position(position.kind, position.op, position.at, position.own, counts, still=now - self._since, gap=gap)
+        return Position(
+            position.kind, position.op, position.at, position.own, counts, now - self._since, gap, group, beat
+        )
+
+    def _group_of(self, call: FrameType) -> str | None:
+        """The process group a collective call was given (its ``group`` argument; None there: the default group).
+
+        Read from the blocked frame's locals: the frame waits in a C call, so its locals do not change meanwhile.
+        None when they cannot be read or the group has no name here.
+        """
+        try:
+            locals_ = call.f_locals
+            group = locals_.get("group") if "group" in locals_ else locals_.get("pg", _MISSING)
+        except Exception:  # a frame whose locals cannot be read: the group stays unknown
+            return None
+        if group is _MISSING:
+            return None
+        return self._group_name(group)
 
     def _note_gap(self, world: int | None, now: float) -> None:
         """The default group's count moved: the time since it last moved, as seen here, is one gap."""
@@ -210,7 +257,8 @@ class Sampler:
             return Position("code", "?", "?", counts=counts)
         inner_file, _, inner_name = frames[0]
         own = next((f for f in frames if self._own(f[0])), None)
-        if self._real(inner_file).startswith(self._dist):
+        real = self._real(inner_file)
+        if real.startswith(self._dist) and os.path.basename(real) in COLLECTIVE_FILES:
             site = next((f for f in frames if not self._inside(f[0])), None)
             at = self._site(site) if site is not None else self._site(frames[0])
             return Position("collective", inner_name, at, counts=counts)

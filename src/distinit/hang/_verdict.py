@@ -45,7 +45,9 @@ class RankState:
     who: str  # "rank 2 (host b, pid 4242)"
     position: Position | None
     silent_for: float = 0.0  # its beat unchanged for this long, as the judge saw it
-    process: str = ""  # "left" (teardown()); on the judge's host "stopped", "running", "gone"; "" when not known
+    #: "left" (teardown()); "nopos" (it beats, but its position is not fresh); on the judge's host "stopped",
+    #: "disk", "running", "gone"; "": not known
+    process: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,44 +76,73 @@ def threshold(hang_after: float | None, positions: Iterable[Position | None]) ->
 
 def judge(states: Sequence[RankState], *, threshold: float, silent_after: float) -> HangVerdict | None:
     """The verdict on ``states`` (one per rank), or None when no rank has waited ``threshold`` s in a collective."""
-    fresh = {s.rank: s.position for s in states if s.position is not None and s.silent_for < silent_after}
+    fresh = {
+        s.rank: s.position
+        for s in states
+        if s.position is not None and s.silent_for < silent_after and s.process not in ("left", "nopos")
+    }
     waiting = [r for r, p in fresh.items() if p.kind == "collective" and p.still >= threshold]
     if not waiting:
         return _asynchronous(states, fresh, threshold=threshold, silent_after=silent_after)
     calls = {(fresh[r].op, fresh[r].at) for r in waiting}
-    # ranks in one of the waiting calls for less time arrived later: they wait too
     first = set(waiting)
+    # ranks in one of the waiting calls for less time arrived later: they wait too; so does a silent rank last
+    # seen in one (a starved liveness thread is no culprit)
     waiting += [r for r, p in fresh.items() if r not in first and p.kind == "collective" and (p.op, p.at) in calls]
+    waiting += [
+        s.rank
+        for s in states
+        if s.rank not in fresh
+        and s.process != "left"
+        and s.position is not None
+        and s.position.kind == "collective"
+        and (s.position.op, s.position.at) in calls
+    ]
     waiting.sort()
-    number = _number([fresh[r] for r in waiting])
     waits = set(waiting)
-    others = [s for s in states if s.rank not in waits]
+    seen_waiting = [fresh[r] for r in waiting if r in fresh]
+    group = _group(seen_waiting)
+    number = _number(seen_waiting, group)
     suspects: list[RankState] = []
     elsewhere: list[RankState] = []  # in another collective
+    unknown: list[RankState] = []  # nothing says where they are, or whether the call waits for them
     facts: list[str] = []
-    for state in others:
+    for state in (s for s in states if s.rank not in waits):
         position = fresh.get(state.rank)
+        member = _member(state.position, group)
         if position is not None and position.kind == "collective":
             elsewhere.append(state)
-            facts.append(f"{state.who} is in {position.place()}{_num(_number([position]))} for {position.still:.0f} s")
-        elif position is not None and number is not None and position.counts.get("world", -1) >= number:
+            there = f"{position.op}{_num(_number([position], group))} at {position.at}"
+            facts.append(f"{state.who} has waited {position.still:.0f} s in {there}")
+        elif member is False:
+            facts.append(f"{state.who} is not in that call's group (not waited for)")
+        elif position is not None and number is not None and position.counts.get(group or "", -1) >= number:
             facts.append(f"{state.who} has issued #{number} and is in {position.place()} (not waited for)")
+        elif state.process == "left" or (state.silent_for >= silent_after and state.process != "nopos"):
+            suspects.append(state)
+            facts.append(_fact(state, silent_after))
+        elif position is None or group is None:
+            unknown.append(state)
+            facts.append(_unknown_fact(state, position, silent_after))
         else:
             suspects.append(state)
             facts.append(_fact(state, silent_after))
-    if not suspects and any(fresh[r].still < threshold for r in [*waiting, *(s.rank for s in elsewhere)]):
+    if not suspects and any(fresh[r].still < threshold for r in [*waiting, *(s.rank for s in elsewhere)] if r in fresh):
         # every rank is in a collective and some only just arrived: the call may complete now, or the late ones
         # are in a different call and will have waited long enough within a beat or two (then: a mismatch)
         return None
     head = _waiting_text(waiting, fresh, number)
     culprits = tuple(s.rank for s in suspects)
-    ops = sorted({fresh[r].op for r in waiting} | {fresh[s.rank].op for s in elsewhere})
+    ops = sorted({fresh[r].op for r in waiting if r in fresh} | {fresh[s.rank].op for s in elsewhere})
     if suspects:
         kind: VerdictKind = "culprit"
         named = _ranks([s.rank for s in suspects])
         tail = f"{named} is the likely culprit" if len(suspects) == 1 else f"{named} are the likely culprits"
     elif len(calls) > 1 or elsewhere:
         kind, tail = "mismatch", "the ranks called different collectives (a desync); no rank is missing"
+    elif unknown:
+        kind = "unknown"
+        tail = "no culprit can be named: where those ranks are, or whether the call waits for them, is not known"
     else:
         kind = "stuck"
         tail = (
@@ -126,31 +157,34 @@ def judge(states: Sequence[RankState], *, threshold: float, silent_after: float)
 def _asynchronous(
     states: Sequence[RankState], fresh: dict[int, Position], *, threshold: float, silent_after: float
 ) -> HangVerdict | None:
-    """No rank waits inside torch: every rank stayed put and the default group's counts differ (NCCL's case)."""
-    beating = [s for s in states if s.silent_for < silent_after]
-    if not beating or any(s.rank not in fresh or fresh[s.rank].still < threshold for s in beating):
+    """No rank waits inside torch: every rank stayed put and the default group's counts differ (NCCL's case).
+
+    Named only with the default group alone and exactly two counts among the ranks: then the ranks that issued
+    fewer are behind, unless they wait at the same place as the ranks ahead (point-to-point ops also count, so
+    counts may differ between ranks that wait alike).
+    """
+    beating = [s for s in states if s.silent_for < silent_after and s.process not in ("left", "nopos")]
+    if len(beating) != len(states) or any(s.rank not in fresh or fresh[s.rank].still < threshold for s in beating):
         return None
-    counts = {r: p.counts.get("world") for r, p in fresh.items()}
-    if None in counts.values() or any(len(p.counts) != 1 for p in fresh.values()):
+    if any(set(p.counts) != {"world"} for p in fresh.values()):
         return None
-    top = max(c for c in counts.values() if c is not None)
+    counts = {r: p.counts["world"] for r, p in fresh.items()}
+    if len(set(counts.values())) != 2:
+        return None
+    top = max(counts.values())
     ahead = sorted(r for r, c in counts.items() if c == top)
-    front = set(ahead)
-    behind = [s for s in states if s.rank not in front]
-    if not behind or len(ahead) == len(states):
-        return None
-    facts = []
-    for state in behind:
-        position = fresh.get(state.rank)
-        if position is not None:
-            facts.append(f"{state.who} has issued #{position.counts['world']} only and is in {position.place()}")
-        else:
-            facts.append(_fact(state, silent_after))
+    places = {(fresh[r].op, fresh[r].at) for r in ahead}
+    behind = [s for s in states if s.rank not in set(ahead)]
+    if any((fresh[s.rank].op, fresh[s.rank].at) in places for s in behind):
+        return None  # a rank behind waits where the ranks ahead wait: the counts do not tell who is missing
+    facts = [
+        f"{s.who} has issued #{fresh[s.rank].counts['world']} only and is in {fresh[s.rank].place()}" for s in behind
+    ]
     wait = min(fresh[r].still for r in ahead)
-    places = sorted({fresh[r].place() for r in ahead})
+    where = sorted(fresh[r].place() for r in ahead)
     head = (
         f"{_ranks(ahead)} issued collective #{top} and have waited {wait:.0f} s since, in "
-        f"{' or '.join(places[:3])} (an asynchronous collective's result)"
+        f"{' or '.join(sorted(set(where))[:3])} (an asynchronous collective's result)"
     )
     culprits = tuple(s.rank for s in behind)
     named = _ranks(list(culprits))
@@ -160,38 +194,68 @@ def _asynchronous(
 
 
 def _fact(state: RankState, silent_after: float) -> str:
-    """What is known of a suspect: silent (and what its process does), no position, or where it is."""
+    """What is known of a suspect: it left, it is silent (and what its process does), or where it is."""
     if state.process == "left":
         return f"{state.who} left through teardown() (it issued fewer collectives, or ended early)"
     if state.silent_for >= silent_after:
         how = {
             "stopped": "its process is stopped (state T: SIGSTOP, a debugger or job control)",
             "running": "its process runs but its liveness thread cannot (a C call holding the GIL?)",
+            "disk": "its process is in uninterruptible sleep (state D: waiting on a filesystem or a device)",
             "gone": "its process is gone",
         }.get(state.process, "frozen, holding the GIL, or cut off from the store")
         return f"{state.who} has not beaten for {state.silent_for:.0f} s: {how}"
-    if state.position is None:
-        return f"{state.who} has published no position (unknown where it is)"
+    assert state.position is not None  # a suspect that is neither left nor silent has a fresh position
     return f"{state.who} is in {state.position.place()}"
+
+
+def _unknown_fact(state: RankState, position: Position | None, silent_after: float) -> str:
+    if state.process == "nopos" or state.position is None:
+        return f"{state.who} publishes no fresh position (its hang verdict is off or failed): unknown where it is"
+    assert position is not None
+    return f"{state.who} is in {position.place()} (whether the call waits for it is not known: several groups)"
+
+
+def _group(positions: Sequence[Position]) -> str | None:
+    """The group the waiting ranks' call is on: the one they name, or "world" when it is the only group there is."""
+    named = {p.group for p in positions}
+    if len(named) == 1 and None not in named:
+        return named.pop()
+    if positions and all(set(p.counts) <= {"world"} for p in positions):
+        return "world"
+    return None
+
+
+def _member(position: Position | None, group: str | None) -> bool | None:
+    """Whether a rank is in ``group``, by the counts it publishes (one per group it belongs to); None: unknown."""
+    if position is None or group is None or not position.counts:
+        return None
+    return group in position.counts
 
 
 def _waiting_text(waiting: list[int], fresh: dict[int, Position], number: int | None) -> str:
     by_call: dict[tuple[str, str], list[int]] = {}
+    silent: list[int] = []
     for rank in waiting:
-        by_call.setdefault((fresh[rank].op, fresh[rank].at), []).append(rank)
+        if rank in fresh:
+            by_call.setdefault((fresh[rank].op, fresh[rank].at), []).append(rank)
+        else:
+            silent.append(rank)
     parts = []
     for (op, at), ranks in sorted(by_call.items(), key=lambda item: item[1][0]):
         wait = max(fresh[r].still for r in ranks)
         verb = "has" if len(ranks) == 1 else "have"
         parts.append(f"{_ranks(ranks)} {verb} waited {wait:.0f} s in {op}{_num(number)} at {at}")
+    if silent:
+        parts.append(f"{_ranks(silent)} last seen waiting there too, silent since (a starved or frozen watch)")
     return "; ".join(_spelled(parts))
 
 
-def _number(positions: Sequence[Position]) -> int | None:
-    """The default group's collective number, when it identifies the call: one group only, and every rank agrees."""
-    if not positions or any(len(p.counts) != 1 or "world" not in p.counts for p in positions):
+def _number(positions: Sequence[Position], group: str | None = "world") -> int | None:
+    """The call's number in ``group``, when every rank given agrees on it (None: unknown or not agreed)."""
+    if not positions or group is None or any(group not in p.counts for p in positions):
         return None
-    numbers = {p.counts["world"] for p in positions}
+    numbers = {p.counts[group] for p in positions}
     return numbers.pop() if len(numbers) == 1 else None
 
 

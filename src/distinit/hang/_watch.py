@@ -47,10 +47,14 @@ HANG_AFTER_VARIABLE = "DISTINIT_HANG_AFTER"
 VERDICT_FILE_VARIABLE = "DISTINIT_VERDICT_FILE"
 #: The largest verdict record read from the store (bytes).
 MAX_RECORD = 16384
+#: At most this many culprits are listed in a record (the text names them all, in ranges).
+MAX_NAMED = 64
 #: After a verdict that stops the job: how long the culprit waits for the others to hear it, and they for it to leave.
 CULPRIT_FIRST = 1.0
 #: How long the others stay after the culprit is gone: a launcher that polls its workers sees the culprit fail alone.
 LAUNCHER_GRACE = 0.5
+#: The longest flushing the logs may take before a leaving rank exits anyway (seconds).
+EXIT_BACKSTOP = 0.5
 
 #: What setup(on_hang=...) accepts: "report" (log the verdict, keep waiting) or "abort" (also stop every rank).
 OnHang = Literal["report", "abort"]
@@ -115,9 +119,10 @@ class HangWatch:
         thread_id: int | None = None,
         environ: Mapping[str, str] | None = None,
         exit: Callable[[int], object] = os._exit,
+        group_name: Callable[[object], str | None] | None = None,
     ) -> None:
         self.settings, self.rank = settings, rank
-        self._sampler = Sampler(counts, thread_id=thread_id)
+        self._sampler = Sampler(counts, thread_id=thread_id, group_name=group_name or (lambda group: None))
         self._thread_id = thread_id if thread_id is not None else threading.main_thread().ident
         self._published: str | None = None  # the judge: the key of the verdict it published for the hang now
         self._count = 0  # the judge: verdicts published
@@ -132,9 +137,9 @@ class HangWatch:
         self._peers = Peers()
         self._hold_until = 0.0
 
-    def position(self) -> str | None:
-        """This rank's position, encoded for ``pos/<rank>`` (None: the sampled thread is gone)."""
-        position = self._sampler.sample()
+    def position(self, beat: int = 0) -> str | None:
+        """This rank's position at beat number ``beat``, encoded for ``pos/<rank>`` (None: the thread is gone)."""
+        position = self._sampler.sample(beat)
         return None if position is None else position.encode()
 
     def consider(self, states: Sequence[RankState], *, silent_after: float) -> str | None:
@@ -149,18 +154,29 @@ class HangWatch:
         self._published = verdict.key
         self._count += 1
         self.last = verdict
-        return json.dumps(
+        record = json.dumps(
             {
-                "key": f"{self._count}:{verdict.key}",  # read as new by every rank, even for a hang seen before
+                # read as new by every rank, even for a hang seen before; the judge's rank: rank 1 judges too
+                "key": f"{self.rank}.{self._count}:{verdict.key}",
                 "kind": verdict.kind,
                 "text": verdict.text,
-                "waiting": list(verdict.waiting),
-                "culprits": list(verdict.culprits),
+                "waiting": len(verdict.waiting),  # a count: the text names them, and 10k ranks would not fit
+                "culprits": list(verdict.culprits[:MAX_NAMED]),
                 "judge": self.rank,
                 "threshold": limit,
                 "time": time.time(),
             }
         )
+        if parse_record(record) is None:  # never publish what no rank would read (say so instead)
+            logger.warning(
+                "rank %d: a hang verdict could not be published (%d bytes): %s",
+                self.rank,
+                len(record),
+                verdict.text[:2000],
+                extra={"distinit": {"event": "hang.unpublished", "rank": self.rank}},
+            )
+            return None
+        return record
 
     def clear(self) -> None:
         """The judge found no hang possible this beat: a later hang, even the same one, is a new verdict."""
@@ -217,7 +233,7 @@ class HangWatch:
             "pid": os.getpid(),
             "role": role,
             "culprits": list(record.culprits),
-            "waiting": list(record.waiting),
+            "waiting": record.waiting,
             "kind": record.kind,
             "detail": record.text,
             "published": record.time,
@@ -270,12 +286,18 @@ class HangWatch:
                 )
             if self.rank not in self._culprits:
                 gone_at: float | None = None
+                others = [r for r in range(self._peers.world_size) if r != self.rank]
                 while (now := time.monotonic()) < self._hold_until:
                     if gone_at is None and all(self._peers.gone(r) for r in self._culprits):
                         gone_at = now
-                    if gone_at is not None and now - gone_at >= LAUNCHER_GRACE:
+                    heard = not self._peers.hosts_store or self._peers.acked(others)  # the store host goes last
+                    if gone_at is not None and now - gone_at >= LAUNCHER_GRACE and heard:
                         break
                     time.sleep(0.02)
+            # whatever flushing does (a blocked pipe, a handler's lock held by the main thread), the exit comes
+            backstop = threading.Timer(EXIT_BACKSTOP, self._exit, (HANG_EXIT_CODE,))
+            backstop.daemon = True
+            backstop.start()
             for handler in [*logging.getLogger().handlers, *logging.getLogger("distinit").handlers, *logger.handlers]:
                 with contextlib.suppress(Exception):  # a broken handler must not keep a hung job alive
                     handler.flush()
@@ -293,6 +315,7 @@ class Peers:
     """
 
     world_size: int = 0
+    hosts_store: bool = False  # this rank hosts the store: it leaves last (after every rank heard the verdict)
     gone: Callable[[int], bool | None] = lambda rank: None
     ack: Callable[[], None] = lambda: None
     acked: Callable[[Sequence[int]], bool] = lambda ranks: False
@@ -305,7 +328,7 @@ class Record:
     key: str
     kind: str
     text: str
-    waiting: tuple[int, ...]
+    waiting: int  # how many ranks wait (the text names them)
     culprits: tuple[int, ...]
     time: float
 
@@ -326,13 +349,15 @@ def parse_record(value: bytes | str) -> Record | None:
         return None
     if not isinstance(key, str) or kind not in ("culprit", "mismatch", "stuck", "unknown"):
         return None
-    if not (_ranks(waiting) and _ranks(culprits) and isinstance(when, (int, float)) and isinstance(kind, str)):
+    if not (type(waiting) is int and waiting >= 0 and _ranks(culprits) and isinstance(kind, str)):
         return None
-    return Record(key, kind, text, tuple(waiting), tuple(culprits), float(when))
+    if not (isinstance(when, (int, float)) and not isinstance(when, bool) and math.isfinite(when)):
+        return None
+    return Record(key, kind, text, waiting, tuple(culprits), float(when))
 
 
 def _ranks(value: object) -> TypeGuard[list[int]]:
-    return isinstance(value, list) and len(value) <= 1_000_000 and all(type(r) is int and r >= 0 for r in value)
+    return isinstance(value, list) and len(value) <= MAX_NAMED and all(type(r) is int and r >= 0 for r in value)
 
 
 def states_of(

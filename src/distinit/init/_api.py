@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed import HashStore
 
 from distinit._foreign import first_line
-from distinit._torch import collective_counts, default_store
+from distinit._torch import collective_counts, default_store, group_name
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
 from distinit.hang import HangSettings, OnHang
@@ -317,6 +317,7 @@ def _watch(world_size: int, hang: HangSettings | None = None) -> Liveness | None
         master=(addr, int(port)) if addr and port.isascii() and port.isdigit() else None,
         hang=hang,
         counts=collective_counts,
+        group_name=group_name,
     )
 
 

@@ -43,7 +43,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Literal
@@ -55,7 +55,7 @@ from distinit._board import Board, text
 from distinit._duration import wait_bound
 from distinit._net import probe
 from distinit.errors import RankLostError
-from distinit.hang import DEFAULT_HANG_AFTER, HangSettings, HangWatch, Peers, states_of, still_of
+from distinit.hang import DEFAULT_HANG_AFTER, HangSettings, HangWatch, Peers, beat_of, states_of, still_of
 from distinit.init._policy import Pace, loss_bound, store_sign
 
 logger = logging.getLogger("distinit.init")
@@ -64,6 +64,8 @@ logger = logging.getLogger("distinit.init")
 BYE = "bye"
 #: How long a rank other than 0 waits for rank 0's ``who`` as setup() returns.
 WHO_WAIT = 5.0
+#: A rank whose beat number is this many past the one its hang position carries publishes no position.
+NOPOS = 3
 #: With ``on_hang="abort"``, how often a rank reads the hang verdict between beats (seconds).
 ABORT_POLL = 0.2
 #: Appended to rank 0's beat once the ``lost`` board holds a finding: the other ranks read and cache it.
@@ -292,6 +294,8 @@ class Liveness:
         self._beat_lock = threading.Lock()
         self.hang = hang  # the live hang verdict (distinit.hang), sampled and judged once a beat
         self._left: set[int] = set()  # ranks whose last beat said bye (teardown())
+        self._pos_seen: dict[int, tuple[int | None, float]] = {}  # judge: rank -> its position's beat, first seen
+        self._judge_seen: dict[int, tuple[bytes, float]] = {}  # rank 1 judging: every rank's beat as seen
         self._hang_failed = False
 
     @property
@@ -315,6 +319,7 @@ class Liveness:
         master: tuple[str, int] | None,
         hang: HangSettings | None = None,
         counts: Callable[[], dict[str, int]] | None = None,
+        group_name: Callable[[object], str | None] | None = None,
     ) -> Liveness:
         """A started watch at the join's pace for ``world_size`` (and the loss bound ``environ`` sets).
 
@@ -324,7 +329,14 @@ class Liveness:
         pace = Pace.for_world(world_size, loss_bound=loss_bound(environ))
         watch = None
         if hang is not None and hang.enabled:
-            watch = HangWatch(hang, rank=rank, counts=counts or dict, thread_id=threading.get_ident(), environ=environ)
+            watch = HangWatch(
+                hang,
+                rank=rank,
+                counts=counts or dict,
+                thread_id=threading.get_ident(),
+                environ=environ,
+                group_name=group_name,
+            )
         liveness = cls(
             store,
             rank=rank,
@@ -423,30 +435,42 @@ class Liveness:
         while (left := end - time.monotonic()) > 0:
             if self._stop.wait(min(ABORT_POLL, left)):
                 return True
-            if self.store.check(["hang"]):
-                hang.heard(self.store.get("hang"), peers=self._peers())
+            self._hear()
         return False
 
     def _hang_tick(self, seen: dict[int, tuple[bytes, float]]) -> None:
-        """The hang verdict's part of a beat: publish where this rank is; judge (rank 0); read the verdict.
-
-        A fault in the sampling or judging (a bug, not a store failure) turns the hang verdict off with one
-        WARNING and leaves the liveness watch running.
-        """
+        """The hang verdict's part of a beat: publish where this rank is; judge (rank 0); read the verdict."""
         hang = self.hang
         if hang is None:
             return
-        try:
-            position = hang.position()
+        with self._hang_guard():
+            position = hang.position(self._seq)
             if position is not None:
                 self.store.set(f"pos/{self.rank}", position)
-            if self.rank == 0 or (self.rank == 1 and 0 in seen and time.monotonic() - seen[0][1] >= self.window):
+            if self.rank == 0 or (self.rank == 1 and 0 in seen and time.monotonic() - seen[0][1] >= self._stale):
                 self._judge_hang(hang, seen)
+        self._hear()
+
+    def _hear(self) -> None:
+        """Read the verdict key and act on a new verdict (a forged or broken record is never acted on)."""
+        hang = self.hang
+        if hang is None:
+            return
+        with self._hang_guard():
             if self.store.check(["hang"]):
                 hang.heard(self.store.get("hang"), peers=self._peers())
+
+    @contextlib.contextmanager
+    def _hang_guard(self) -> Iterator[None]:
+        """Store failures go to the watch's own handling; any other fault in the hang verdict turns it off.
+
+        A defect, or input it did not foresee: one WARNING, and the liveness watch goes on.
+        """
+        try:
+            yield
         except (RuntimeError, OSError):
-            raise  # the store: the watch's own handling
-        except Exception as exc:  # a defect in the verdict must not end the liveness watch
+            raise
+        except Exception as exc:
             self.hang = None
             logger.warning(
                 "rank %d: the hang verdict is off for the rest of this run: %s: %s",
@@ -458,28 +482,61 @@ class Liveness:
             )
 
     def _judge_hang(self, hang: HangWatch, seen: dict[int, tuple[bytes, float]]) -> None:
-        """Read every rank's position (one round trip), judge, and publish a new verdict under ``hang``."""
+        """Read every rank's position (one round trip), judge, and publish a new verdict under ``hang``.
+
+        How long a rank has been silent: its beat as this watch saw it (rank 0 watches every rank's; rank 1,
+        judging while rank 0 is silent, reads them all too), else how long its position has not moved. A rank
+        whose beat number is :data:`NOPOS` or more past the beat its position carries publishes no position
+        ("nopos": its hang verdict is off or failed), so nothing is known of where it is and it is never named.
+        (A rank that just resumed has beaten once since its last position: that is not "nopos".)
+        """
         ranks = list(range(self.world_size))
         present = self._present(ranks, "pos")
         values = self.store.multi_get([f"pos/{r}" for r in present]) if present else []
         positions: dict[int, bytes | None] = dict(zip(present, values, strict=True))
+        now = time.monotonic()
+        for rank, value in positions.items():
+            number = beat_of(value) if value is not None else None
+            if rank not in self._pos_seen or self._pos_seen[rank][0] != number:
+                self._pos_seen[rank] = (number, now)
         floor = hang.settings.hang_after or DEFAULT_HANG_AFTER  # the threshold is never below it
         if max(map(still_of, values), default=0.0) < floor:
             hang.clear()
             return  # no rank has stayed put that long: no verdict possible (parsed only when one has)
-        now = time.monotonic()
-        silent = {r: now - first for r, (_, first) in seen.items()}
-        silent.update((r, math.inf) for r in self._left)
-        states = states_of(positions, ranks=ranks, silent_for=silent)
-        if not hang.needs_detail(states, silent_after=self.window):
+        if self.rank != 0:  # judging for a silent rank 0: read every rank's beat, as rank 0 does
+            self._silent([r for r in ranks if r != self.rank], self._judge_seen, math.inf)
+            seen = self._judge_seen
+        silent: dict[int, float] = {}
+        process: dict[int, str] = {}
+        for rank in ranks:
+            beat = now - seen[rank][1] if rank in seen else None
+            stale = now - self._pos_seen[rank][1] if rank in self._pos_seen else None
+            if rank == self.rank:
+                continue
+            published = self._pos_seen[rank][0] if rank in self._pos_seen else None
+            beats = _beat_number(seen[rank][0]) if rank in seen else None
+            if rank in self._left:
+                silent[rank], process[rank] = math.inf, "left"
+            elif beat is not None and beats is not None and published is not None and beats - published >= NOPOS:
+                process[rank] = "nopos"  # it beat NOPOS times since its last position: it publishes none
+            else:
+                silent[rank] = beat if beat is not None else (stale or 0.0)
+        states = states_of(positions, ranks=ranks, silent_for=silent, process=lambda r: process.get(r, ""))
+        if not hang.needs_detail(states, silent_after=self._stale):
             return
-        states = states_of(positions, ranks=ranks, silent_for=silent, who=self.describe, process=self._process)
-        record = hang.consider(states, silent_after=self.window)
+        states = states_of(
+            positions,
+            ranks=ranks,
+            silent_for=silent,
+            who=self.describe,
+            process=lambda r: process.get(r) or self._process(r),
+        )
+        record = hang.consider(states, silent_after=self._stale)
         if record is not None:
             self.store.set("hang", record)
 
     def _process(self, rank: int) -> str:
-        """What this host's kernel says of ``rank``'s process: left, stopped, running, gone; "" (another host)."""
+        """What this host's kernel says of ``rank``'s process: left, stopped, disk, running, gone; "" (another host)."""
         if rank in self._left:
             return "left"
         where, _, pid = self._who.get(rank, "").partition("|")
@@ -488,7 +545,7 @@ class Liveness:
         state = _proc_state(int(pid))
         if state in (None, "Z", "X"):
             return "gone"
-        return "stopped" if state in ("T", "t") else "running"
+        return {"T": "stopped", "t": "stopped", "D": "disk"}.get(state, "running")
 
     def _peers(self) -> Peers:
         """What the hang verdict's abort learns of the others: who is gone here, and who heard the verdict."""
@@ -503,10 +560,14 @@ class Liveness:
             with contextlib.suppress(RuntimeError, OSError):
                 store.set(f"hang/ack/{self.rank}", "1")
 
-        return Peers(world_size=self.world_size, gone=self._culprit_gone, ack=ack, acked=acked)
+        return Peers(
+            world_size=self.world_size, hosts_store=self.rank == 0, gone=self._culprit_gone, ack=ack, acked=acked
+        )
 
     def _culprit_gone(self, rank: int) -> bool | None:
         """Whether ``rank``'s process is gone (None: not on this host, unknown)."""
+        if rank not in self._who:
+            self.describe(rank)  # reads (and keeps) its who key
         who = self._who.get(rank)
         if who is None or who.partition("|")[0] != self.host:
             return None
@@ -837,6 +898,12 @@ def _wall(beat: bytes) -> float | None:
 def _plausible_who(host: str, pid: str) -> bool:
     """``host|pid`` as a rank writes it: a printable host name (no spaces) and a decimal pid."""
     return 0 < len(host) <= 255 and host.isprintable() and " " not in host and pid.isascii() and pid.isdigit()
+
+
+def _beat_number(beat: bytes) -> int | None:
+    """The sequence number of a ``seq|wall[|lost]`` beat value, if it is one."""
+    head = beat.split(b"|", 1)[0]
+    return int(head) if head.isdigit() and len(head) <= 18 else None
 
 
 def _proc_state(pid: int) -> str | None:

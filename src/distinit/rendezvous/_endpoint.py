@@ -22,7 +22,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from distinit._net import ProbeResult, binds, is_loopback, port_holder, probe
-from distinit.rendezvous._errors import AgentRendezvousConnectionError
+from distinit.rendezvous._errors import DOCS, AgentRendezvousConnectionError
 from distinit.rendezvous._torch import matches_machine_hostname
 
 logger = logging.getLogger("distinit.rendezvous")
@@ -33,7 +33,6 @@ DEFAULT_PORT = 29400
 VERDICT_AFTER = 4.0
 #: One probe's connect timeout (seconds).
 PROBE_TIMEOUT = 1.5
-DOCS = "docs/torchrun.md#troubleshooting"
 
 
 @dataclass(frozen=True)

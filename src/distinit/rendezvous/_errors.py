@@ -16,6 +16,9 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 
 import distinit.errors as errors
 
+#: Where every fix this package gives points for more (one place: the errors and the pre-flight both cite it).
+DOCS = "docs/torchrun.md#troubleshooting"
+
 __all__ = [
     "AgentConfigMismatchError",
     "AgentRendezvousClosedError",

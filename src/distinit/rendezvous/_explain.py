@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 from distinit.rendezvous._card import AgentCard
 from distinit.rendezvous._errors import (
+    DOCS,
     AgentRendezvousClosedError,
     AgentRendezvousConnectionError,
     AgentRendezvousTimeoutError,
 )
 from distinit.rendezvous._torch import node_is
 
-DOCS = "docs/torchrun.md#troubleshooting"
 #: At most this many agents are named per line.
 NAMED = 6
 

@@ -4,7 +4,9 @@ argv: a JSON spec. ``dir``: the test's tmp dir; ``mode``: ``sleep`` (rank ``culp
 own ``load_batch`` while the others all_reduce), ``stop`` (the culprit SIGSTOPs itself there; the test resumes
 it), ``gil`` (the culprit holds the GIL ``hold`` s in one C call there), ``desync`` (ranks 0 and 1 all_reduce,
 the others wait for a broadcast from rank 0), ``loop`` (every rank steps ``base`` s of its own work then one
-all_reduce, the culprit ``slow`` times longer, for ``duration`` s). ``hang_after`` and ``on_hang`` go to setup().
+all_reduce, the culprit ``slow`` times longer, for ``duration`` s), ``subgroup`` (ranks 0 and 1 all_reduce on
+the group {0, 1, 2} while its member rank ``culprit`` sleeps in ``load_batch`` and rank 3, not a member, in
+``evaluate``). ``hang_after`` and ``on_hang`` go to setup().
 Each rank writes ``entered<rank>`` (the wall clock as it enters the collective that waits) and the first hang
 verdict distinit logs, with its time, to ``verdict<rank>.json``.
 """
@@ -51,6 +53,11 @@ def load_batch(spec: dict[str, object], rank: int) -> None:
         ctypes.PyDLL(None).sleep(int(hold))  # libc's sleep, keeping the GIL: no thread of this process runs
 
 
+def evaluate(seconds: float) -> None:
+    """A bystander's own code: not in the group the others wait on, so never waited for."""
+    time.sleep(seconds)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     where = Path(spec["dir"])
@@ -81,11 +88,26 @@ def main() -> None:
         stop = time.monotonic() + float(spec["duration"])
         base = float(spec["base"]) * (float(spec["slow"]) if rank == spec["culprit"] else 1.0)
         steps = 0
-        while time.monotonic() < stop:
+        while True:
             time.sleep(base)  # this rank's own work
-            dist.all_reduce(tensor)
+            # the step's collective also says whether this rank's time is up: every rank stops after the same
+            # step (a rank stopping on its own clock would leave the others in a collective it never joins)
+            done = torch.tensor([1.0 if time.monotonic() >= stop else 0.0])
+            dist.all_reduce(done, op=dist.ReduceOp.MAX)
             steps += 1
+            if done.item() > 0:
+                break
         (where / f"steps{rank}").write_text(str(steps))
+    elif mode == "subgroup":
+        group = dist.new_group([0, 1, 2])  # every rank creates it; rank 3 is not in it
+        if rank == spec["culprit"]:
+            load_batch({"mode": "sleep", "hold": spec["hold"]}, rank)
+        elif rank == 3:
+            evaluate(float(spec["hold"]))
+        else:
+            (where / f"entered{rank}").write_text(repr(time.time()))
+        if rank != 3:
+            dist.all_reduce(tensor, group=group)
     elif mode == "desync":
         (where / f"entered{rank}").write_text(repr(time.time()))
         if rank < 2:

@@ -60,6 +60,7 @@ def test_a_rank_that_arrived_later_waits_too() -> None:
         ("stopped", "its process is stopped (state T: SIGSTOP, a debugger or job control)"),
         ("running", "its process runs but its liveness thread cannot (a C call holding the GIL?)"),
         ("gone", "its process is gone"),
+        ("disk", "its process is in uninterruptible sleep (state D: waiting on a filesystem or a device)"),
         ("", "frozen, holding the GIL, or cut off from the store"),
     ],
 )
@@ -75,9 +76,13 @@ def test_a_rank_that_left_through_teardown_is_named_so() -> None:
     assert v is not None and v.culprits == (2,) and "rank 2 (host h2, pid 102) left through teardown()" in v.text
 
 
-def test_a_rank_without_a_position_is_unknown_but_suspect() -> None:
-    v = verdict(st(0, coll()), st(1, coll()), st(2, None))
-    assert v is not None and v.culprits == (2,) and "has published no position (unknown where it is)" in v.text
+def test_a_rank_without_a_fresh_position_is_unknown_and_never_named() -> None:
+    # its hang verdict is off (DISTINIT_HANG_AFTER=off on that node), or failed: it beats, its position is old
+    for state in (st(2, None), st(2, code(), process="nopos")):
+        v = verdict(st(0, coll()), st(1, coll()), state)
+        assert v is not None and v.kind == "unknown" and v.culprits == () and not v.stops_the_job
+        assert "publishes no fresh position (its hang verdict is off or failed)" in v.text
+        assert "no culprit can be named" in v.text
 
 
 def test_different_calls_with_nobody_missing_are_a_mismatch_naming_both_sites() -> None:
@@ -120,11 +125,31 @@ def test_a_rank_elsewhere_that_already_issued_the_collective_is_not_a_suspect() 
 
 
 def test_numbers_are_quoted_only_when_they_identify_the_call() -> None:
-    several = Position("collective", "all_reduce", "t.py:1", counts={"world": 5, "pg1": 3}, still=12)
-    v = verdict(st(0, several), st(1, several), st(2, code(n=None)))
-    assert v is not None and "#" not in v.text and v.culprits == (2,)
     v = verdict(st(0, coll(n=5)), st(1, coll(n=6)), st(2, code()))
     assert v is not None and "all_reduce at" in v.text and "#" not in v.text.split(";")[0]
+
+
+def test_with_several_groups_and_the_call_s_group_unknown_nobody_is_named() -> None:
+    several = Position("collective", "all_reduce", "t.py:1", counts={"world": 5, "pg1": 3}, still=12)
+    v = verdict(st(0, several), st(1, several), st(2, code(n=None)))
+    assert v is not None and v.kind == "unknown" and v.culprits == () and "#" not in v.text
+
+
+def test_on_a_sub_group_only_its_members_can_be_named() -> None:
+    # ranks 0,1 wait on group "g1" = {0,1,2}; rank 2 (a member, behind) is named; rank 3 (not a member) is not
+    wait = Position("collective", "all_reduce", "t.py:1", counts={"world": 5, "g1": 3}, still=12, group="g1")
+    behind = Position("code", "load_batch", "d.py:4", counts={"world": 5, "g1": 2}, still=12)
+    bystander = Position("code", "evaluate", "e.py:9", counts={"world": 5}, still=12)
+    v = verdict(st(0, wait), st(1, wait), st(2, behind), st(3, bystander))
+    assert v is not None and v.culprits == (2,), v
+    assert "all_reduce #3 at t.py:1" in v.text and "rank 3 (host h3, pid 103) is not in that call's group" in v.text
+
+
+def test_a_silent_rank_last_seen_in_the_waiting_call_waits_too() -> None:
+    # rank 0's liveness thread is starved: its beat stops, its last position says it waits with the others
+    v = verdict(st(0, coll(), silent=4.0), st(1, coll()), st(2, code()))
+    assert v is not None and v.culprits == (2,) and v.waiting == (0, 1)
+    assert "rank 0 last seen waiting there too" in v.text
 
 
 def test_the_asynchronous_case_names_the_rank_that_issued_fewer_collectives() -> None:
@@ -136,6 +161,15 @@ def test_the_asynchronous_case_names_the_rank_that_issued_fewer_collectives() ->
         "hang: ranks 0,1,3 issued collective #5 and have waited 12 s since, in step at train.py:95"
     )
     assert "rank 2 (host h2, pid 102) has issued #4 only and is in load_batch at data.py:41" in v.text
+
+
+def test_the_asynchronous_case_names_nobody_waiting_where_the_ranks_ahead_wait() -> None:
+    # point-to-point ops count too: rank 2 did one send fewer but waits in the same .item() as ranks 0 and 1
+    wait = code("step", "train.py:95", n=6)
+    v = verdict(st(0, wait), st(1, wait), st(2, code("step", "train.py:95", n=5)), st(3, code(n=4)))
+    assert v is None  # three counts: nothing decides
+    v = verdict(st(0, wait), st(1, wait), st(2, code("step", "train.py:95", n=5)))
+    assert v is None  # the rank behind waits where the others wait
 
 
 def test_the_asynchronous_case_needs_every_rank_still_and_one_group() -> None:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.utils.store import barrier
 
 from distinit.hang import Position, Sampler
-from distinit.hang._position import MAX_BYTES, NO_OWN, still_of
+from distinit.hang._position import MAX_BYTES, NO_OWN, beat_of, still_of
 
 
 @contextmanager
@@ -47,9 +47,17 @@ def test_a_thread_in_its_own_code_is_named_by_function_and_line() -> None:
 
 def in_torch_distributed(done: threading.Event) -> None:
     store = dist.HashStore()
+    # torch's own store-based barrier, in distributed_c10d.py: a wait in torch's collective API, as a rank in a
+    # collective is (nobody else comes; it times out after the test)
+    with contextlib.suppress(Exception):
+        dist.distributed_c10d._store_based_barrier(0, store, "g", 2, timedelta(seconds=1))
+
+
+def in_fsdp_like_code(done: threading.Event) -> None:
+    # elsewhere in torch.distributed (elastic's store helpers here): work, not a wait in a collective
+    store = dist.HashStore()
     store.set_timeout(timedelta(seconds=1))
-    # torch's own store barrier: a wait in a torch.distributed frame, as a rank in a collective is
-    with contextlib.suppress(Exception):  # the barrier times out after the test (nobody else comes)
+    with contextlib.suppress(Exception):
         barrier(store, world_size=2, key_prefix="x", barrier_timeout=1)
 
 
@@ -58,7 +66,26 @@ def test_a_thread_inside_torch_distributed_is_in_a_collective_at_its_call_site()
         position = Sampler(lambda: {"world": 7}, thread_id=thread.ident).sample()
     assert position is not None and position.kind == "collective"
     assert position.at.startswith("tests/unit/hang/test_hang_position.py:"), position
-    assert position.counts == {"world": 7}
+    assert position.counts == {"world": 7} and position.op == "_store_based_barrier"
+
+
+def test_other_torch_distributed_code_is_not_a_collective() -> None:
+    with parked(in_fsdp_like_code) as thread:
+        position = Sampler(dict, thread_id=thread.ident).sample()
+    assert position is not None and position.kind == "code", position
+
+
+def test_the_call_s_group_is_read_from_its_frame() -> None:
+    names: list[object] = []
+
+    def name(group: object) -> str:
+        names.append(group)
+        return "g7"
+
+    with parked(in_torch_distributed) as thread:
+        position = Sampler(dict, thread_id=thread.ident, group_name=name).sample(beat=9)
+    # _store_based_barrier has no ``group`` argument: the group stays unknown, never guessed
+    assert position is not None and position.group is None and names == [] and position.beat == 9
 
 
 def test_still_grows_at_one_place_and_restarts_when_the_counts_move() -> None:
@@ -130,3 +157,15 @@ def test_still_is_read_from_the_first_field_alone() -> None:
     junk = (b"", b"junk", b'{"s":', b'{"s":nan,', b'{"s":-4,', b'{"s":1e99,', b'{"s":' + b"9" * 100, b'{"k":1,"s":5}')
     for value in junk:
         assert still_of(value) == 0.0, value
+
+
+def test_the_beat_number_is_read_from_the_second_field_alone() -> None:
+    assert beat_of(Position("code", "f", "a.py:1", still=1.0, beat=4242).encode().encode()) == 4242
+    for junk in (
+        b"",
+        b'{"s":1.0,"b":-1,',
+        b'{"s":1.0,"b":"x",',
+        b'{"s":1.0,"k":1,"b":5}',
+        b'{"s":1.0,"b":' + b"9" * 40,
+    ):
+        assert beat_of(junk) is None, junk

@@ -173,3 +173,20 @@ def test_unprintable_file_names_cannot_silence_the_verdict() -> None:
               RankState(1, "rank 1", parsed)]  # fmt: skip
     record = HangWatch(settings(), rank=0, counts=dict, environ={}).consider(states, silent_after=2.5)
     assert record is not None and parse_record(record) is not None
+
+
+def test_a_verdict_at_10k_ranks_fits_its_record_and_is_heard() -> None:
+    hung = Position("collective", "all_reduce", "train.py:88", counts={"world": 9}, still=12)
+    states = [RankState(r, f"rank {r}", hung) for r in range(9_999)]
+    states.append(RankState(9_999, "rank 9999", Position("code", "load", "d.py:4", counts={"world": 8}, still=12)))
+    record = HangWatch(settings(), rank=0, counts=dict, environ={}).consider(states, silent_after=5.0)
+    assert record is not None and len(record) < 16384
+    parsed = parse_record(record)
+    assert parsed is not None and parsed.waiting == 9_999 and parsed.culprits == (9_999,)
+    assert "ranks 0-9998 have waited 12 s" in parsed.text
+
+
+@pytest.mark.parametrize("when", ["1e400", "-1e400", "NaN", "true"])
+def test_a_record_with_an_impossible_time_is_junk(when: str) -> None:
+    text = '{"key": "k", "kind": "culprit", "text": "hang: x", "waiting": 1, "culprits": [1], "time": ' + when + "}"
+    assert parse_record(text) is None
