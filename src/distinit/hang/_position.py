@@ -85,13 +85,8 @@ class Position:
     @classmethod
     def parse(cls, value: bytes | str) -> Position | None:
         """The position ``value`` encodes, or None for anything else (too long, not JSON, wrong types)."""
-        if len(value) > MAX_BYTES:
-            return None
-        try:
-            record = json.loads(value)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(record, dict):
+        record = json_object(value, MAX_BYTES)
+        if record is None:
             return None
         kind, op, at, own = record.get("k"), record.get("op"), record.get("at"), record.get("own", "")
         counts, still, gap = record.get("n", {}), record.get("s"), record.get("g")
@@ -121,6 +116,20 @@ class Position:
         if self.own == NO_OWN:
             return f"{self.op} at {self.at} (no frame of its own code)"
         return f"{self.op} at {self.at}, called from {self.own} (its own code)"
+
+
+def json_object(value: bytes | str, limit: int) -> dict[str, object] | None:
+    """``value`` as a JSON object, or None: longer than ``limit``, not JSON, too deep, or not an object.
+
+    How every value read from the store is first checked (any client of the store can write it).
+    """
+    if len(value) > limit:
+        return None
+    try:
+        record = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _printable(text: str) -> str:

@@ -85,20 +85,7 @@ def judge(states: Sequence[RankState], *, threshold: float, silent_after: float)
     if not waiting:
         return _asynchronous(states, fresh, threshold=threshold, silent_after=silent_after)
     calls = {(fresh[r].op, fresh[r].at) for r in waiting}
-    first = set(waiting)
-    # ranks in one of the waiting calls for less time arrived later: they wait too; so does a silent rank last
-    # seen in one (a starved liveness thread is no culprit)
-    waiting += [r for r, p in fresh.items() if r not in first and p.kind == "collective" and (p.op, p.at) in calls]
-    waiting += [
-        s.rank
-        for s in states
-        if s.rank not in fresh
-        and s.process != "left"
-        and s.position is not None
-        and s.position.kind == "collective"
-        and (s.position.op, s.position.at) in calls
-    ]
-    waiting.sort()
+    waiting = _waiters(states, fresh, calls)
     waits = set(waiting)
     seen_waiting = [fresh[r] for r in waiting if r in fresh]
     group = _group(seen_waiting)
@@ -134,24 +121,44 @@ def judge(states: Sequence[RankState], *, threshold: float, silent_after: float)
     head = _waiting_text(waiting, fresh, number)
     culprits = tuple(s.rank for s in suspects)
     ops = sorted({fresh[r].op for r in waiting if r in fresh} | {fresh[s.rank].op for s in elsewhere})
-    if suspects:
-        kind: VerdictKind = "culprit"
-        named = _ranks([s.rank for s in suspects])
-        tail = f"{named} is the likely culprit" if len(suspects) == 1 else f"{named} are the likely culprits"
-    elif len(calls) > 1 or elsewhere:
-        kind, tail = "mismatch", "the ranks called different collectives (a desync); no rank is missing"
-    elif unknown:
-        kind = "unknown"
-        tail = "no culprit can be named: where those ranks are, or whether the call waits for them, is not known"
-    else:
-        kind = "stuck"
-        tail = (
-            "none is missing: the collective itself has not completed (a large or slow transfer, or a stalled "
-            "network or backend); no culprit"
-        )
+    kind, tail = _conclusion(culprits, mismatch=len(calls) > 1 or bool(elsewhere), unknown=bool(unknown))
     text = f"hang: {head}" + (f"; {'; '.join(_spelled(facts))}" if facts else "") + f" — {tail}"
     key = f"{kind}|{','.join(map(str, culprits))}|{number}|{'/'.join(ops)}"
     return HangVerdict(kind, text, tuple(waiting), culprits, key)
+
+
+def _waiters(states: Sequence[RankState], fresh: dict[int, Position], calls: set[tuple[str, str]]) -> list[int]:
+    """Every rank in one of the waiting ``calls``, besides those that waited the threshold.
+
+    A rank there for less time arrived later; one silent since it was seen there has a starved liveness thread,
+    and is no culprit.
+    """
+    return sorted(
+        s.rank
+        for s in states
+        if s.process != "left"
+        and (position := fresh.get(s.rank, s.position)) is not None
+        and position.kind == "collective"
+        and (position.op, position.at) in calls
+    )
+
+
+def _conclusion(culprits: Sequence[int], *, mismatch: bool = False, unknown: bool = False) -> tuple[VerdictKind, str]:
+    """The verdict's kind and its last words: the culprits, else a mismatch, else unknown, else stuck."""
+    if culprits:
+        named = _ranks(list(culprits))
+        return "culprit", f"{named} is the likely culprit" if len(culprits) == 1 else f"{named} are the likely culprits"
+    if mismatch:
+        return "mismatch", "the ranks called different collectives (a desync); no rank is missing"
+    if unknown:
+        return (
+            "unknown",
+            "no culprit can be named: where those ranks are, or whether the call waits for them, is not known",
+        )
+    return "stuck", (
+        "none is missing: the collective itself has not completed (a large or slow transfer, or a stalled network or "
+        "backend); no culprit"
+    )
 
 
 def _asynchronous(
@@ -187,9 +194,7 @@ def _asynchronous(
         f"{' or '.join(sorted(set(where))[:3])} (an asynchronous collective's result)"
     )
     culprits = tuple(s.rank for s in behind)
-    named = _ranks(list(culprits))
-    tail = f"{named} is the likely culprit" if len(culprits) == 1 else f"{named} are the likely culprits"
-    text = f"hang: {head}; {'; '.join(_spelled(facts))} — {tail}"
+    text = f"hang: {head}; {'; '.join(_spelled(facts))} — {_conclusion(culprits)[1]}"
     return HangVerdict("culprit", text, tuple(ahead), culprits, f"culprit|{','.join(map(str, culprits))}|{top}|async")
 
 

@@ -34,7 +34,7 @@ from typing import Literal, TypeGuard
 
 from distinit._duration import to_seconds
 from distinit.errors import MalformedEnvError
-from distinit.hang._position import Position, Sampler
+from distinit.hang._position import Position, Sampler, json_object
 from distinit.hang._verdict import HangVerdict, RankState, judge, threshold
 
 logger = logging.getLogger("distinit.hang")
@@ -335,13 +335,8 @@ class Record:
 
 def parse_record(value: bytes | str) -> Record | None:
     """A verdict record as :meth:`HangWatch.consider` writes it, or None (too long, junk, or not ours)."""
-    if len(value) > MAX_RECORD:
-        return None
-    try:
-        record = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(record, dict):
+    record = json_object(value, MAX_RECORD)
+    if record is None:
         return None
     text, key, kind, when = record.get("text"), record.get("key"), record.get("kind"), record.get("time")
     waiting, culprits = record.get("waiting"), record.get("culprits")

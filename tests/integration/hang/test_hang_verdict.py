@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "init"))
+from init_launch import free_port, uts_reason
 
 WORKER = Path(__file__).with_name("_hang_worker.py")
 WORLD = 4
@@ -31,16 +33,7 @@ WITHIN = 15.0
 HANG_AFTER = 10.0
 
 
-def _uts_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "emulating two hosts needs root (a UTS namespace per rank)"
-    if shutil.which("unshare") is None:
-        return "needs unshare(1) from util-linux"
-    probe = subprocess.run(["unshare", "--uts", "hostname", "probe"], capture_output=True, timeout=30)
-    return None if probe.returncode == 0 else f"unshare --uts failed: {probe.stderr.decode(errors='replace')}"
-
-
-_UTS = _uts_reason()
+_UTS = uts_reason()
 HOSTS = [
     pytest.param(LOOPBACK, id="loopback"),
     pytest.param(TWO_HOSTS, id="two-hosts", marks=pytest.mark.skipif(_UTS is not None, reason=_UTS or "")),
@@ -49,10 +42,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _port() -> int:
-    sys.path.insert(0, str(Path(__file__).parents[1] / "init"))
-    from init_launch import free_port  # the suite's port slices: no two xdist workers pick the same
-
-    return free_port()
+    return free_port()  # the suite's port slices: no two xdist workers pick the same
 
 
 def _start(

@@ -51,6 +51,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def uts_reason() -> str | None:
+    """Why ranks cannot be given host names of their own here (a UTS namespace each), or None when they can."""
+    if os.geteuid() != 0:
+        return "emulating two hosts needs root (a UTS namespace per rank)"
+    if shutil.which("unshare") is None:
+        return "needs unshare(1) from util-linux"
+    probe = subprocess.run(["unshare", "--uts", "hostname", "probe"], capture_output=True, timeout=30)
+    return None if probe.returncode == 0 else f"unshare --uts failed: {probe.stderr.decode(errors='replace')}"
+
+
 #: How long a rank's interpreter may take to start and import torch before its own bounds count.
 START_BOUND = 120.0
 

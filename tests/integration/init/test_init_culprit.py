@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,21 +20,13 @@ from pathlib import Path
 
 import pytest
 from init_launch import free_port
+from init_launch import uts_reason as _uts_available
 
 WORKER = Path(__file__).with_name("_after_setup_worker.py")
 HOSTS = ("hosta", "hosta", "hostb", "hostb")
 WORLD = len(HOSTS)
 #: The issue's bound: the name comes within 6 s of the loss at world <= 64.
 NAMED_WITHIN = 6.0
-
-
-def _uts_available() -> str | None:
-    if os.geteuid() != 0:
-        return "emulating two hosts needs root (a UTS namespace per rank)"
-    if shutil.which("unshare") is None:
-        return "needs unshare(1) from util-linux"
-    probe = subprocess.run(["unshare", "--uts", "hostname", "probe"], capture_output=True, timeout=30)
-    return None if probe.returncode == 0 else f"unshare --uts failed: {probe.stderr.decode(errors='replace')}"
 
 
 _REASON = _uts_available()
