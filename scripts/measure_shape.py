@@ -6,7 +6,7 @@ counts too: ``# ---`` banners in ``init/`` (a module's parts belong in its docst
 (``SLURM_*``, ``OMPI_*``, ``PMI_*``, ``MV2_*``, ``TORCHELASTIC_*``, ``LOCAL_WORLD_SIZE``, ``GROUP_WORLD_SIZE``
 as string literals) named outside ``env/``, names each package face imports but leaves out of ``__all__``,
 and test functions (read from ``tests/`` beside ``src``) with no ``assert``, no ``pytest.raises`` and no call
-to a helper named ``check*``/``assert*``.
+to a helper that checks (one of the same file that does, read through, or an imported ``check*``/``assert*``).
 
 Dynamic (a real 2-rank gloo world on loopback, one process per rank): ``distinit.setup()`` on the happy
 path runs under ``sys.setprofile``/``threading.setprofile``; every Python call whose callee lives in
@@ -151,14 +151,24 @@ def _hidden_exports(src: Path) -> dict[str, list[str]]:
     return hidden
 
 
-def _checks(function: ast.AST) -> bool:
-    """Does a test function check anything: an ``assert``, ``pytest.raises`` or a ``check*``/``assert*`` call?"""
+def _checks(function: ast.AST, local: dict[str, ast.AST], seen: frozenset[str] = frozenset()) -> bool:
+    """Does a test function check anything: an ``assert``, ``pytest.raises``, or a call that checks?
+
+    A call checks when it calls a helper of the same file that checks (``_assert_gone``, ``_check``: read
+    through, so a helper named ``_check`` that asserts nothing does not count), or an imported helper named
+    ``check*``/``assert*`` (from a conftest or a shared module).
+    """
     for node in ast.walk(function):
         if isinstance(node, ast.Assert):
             return True
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name == "raises" or name.startswith(("check", "assert")):
+            if name == "raises":
+                return True
+            if name in local:
+                if name not in seen and _checks(local[name], local, seen | {name}):
+                    return True
+            elif name.startswith(("check", "assert")):
                 return True
     return False
 
@@ -167,11 +177,12 @@ def _tests_without_check(tests: Path) -> list[str]:
     """Test functions under ``tests`` that check nothing (see :func:`_checks`)."""
     found = []
     for path in sorted(tests.rglob("test_*.py")):
-        functions = (
+        functions = [
             n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-        )
+        ]
+        local: dict[str, ast.AST] = {n.name: n for n in functions if not n.name.startswith("test")}
         for node in functions:
-            if node.name.startswith("test") and not _checks(node):
+            if node.name.startswith("test") and not _checks(node, local):
                 found.append(f"{path.relative_to(tests).as_posix()}::{node.name}")
     return found
 
