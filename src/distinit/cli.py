@@ -47,6 +47,8 @@ _FIELDS = (
     "launcher",
     "job_id",
     "restart_count",
+    "launched",
+    "agent_store",
 )
 
 

@@ -105,6 +105,20 @@ class Vars:
                 return name, number
         return None
 
+    def first_count(self, *names: str) -> tuple[str, int] | None:
+        """``(name, count)`` of the first of ``names`` that holds a process count (a positive decimal).
+
+        Lenient on purpose, unlike :meth:`integer`: a count read this way only names, in a message, how many
+        processes a launcher says it started, so a value that is not one (``""``, ``"0"``, ``"-1"``,
+        ``"abc"``, Unicode digits, above 2**31-1) means "this launcher does not say", never an error.
+        """
+        for name in names:
+            value = self._environ.get(name)
+            number = None if value is None else decimal(value.strip())
+            if number is not None and 1 <= number <= _INT_MAX:
+                return name, number
+        return None
+
     def require_integer(self, name: str, *, launcher: str, minimum: int = 0, fix: str = "") -> int:
         """Like :meth:`integer`, but a missing variable is an ``IncompleteEnvError``."""
         number = self.integer(name, minimum=minimum)
@@ -138,6 +152,8 @@ class Draft:
     master_port: int | None = None
     job_id: str | None = None
     restart_count: int = 0
+    launched: int | None = None
+    agent_store: bool = False
     trusted_node_rank: bool = True
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

@@ -64,6 +64,15 @@ class DistEnv(BaseModel):
         launcher: short name of the innermost launcher (``"none"`` when not launched).
         job_id: the scheduler's job or run id, when there is one.
         restart_count: how many times the launcher restarted this job (torchrun, Slurm requeue).
+        launched: how many processes the launcher itself says it started (torchrun's ``LOCAL_WORLD_SIZE``
+            x ``GROUP_WORLD_SIZE``, else ``OMPI_COMM_WORLD_SIZE``, ``MV2_COMM_WORLD_SIZE``, ``PMI_SIZE``,
+            ``SLURM_STEP_NUM_TASKS``, innermost first), when one says. It may differ from ``world_size``
+            (an exported ``WORLD_SIZE`` larger than what was started): that is no error here, and init's
+            timeout names the ranks that were never launched. :meth:`launched_from` says it in words.
+        agent_store: ``MASTER_ADDR:MASTER_PORT`` is a store that torchrun's agent hosts
+            (``TORCHELASTIC_USE_AGENT_STORE=True``), so rank 0 connects to it instead of hosting one. A
+            ``DistEnv`` built by hand says False unless given: under torchrun's agent store, derive it from
+            ``env_from_scheduler()`` (``model_validate({**env.model_dump(), ...})``) or pass ``agent_store=True``.
         sources: field name → the variables or the rule the value came from.
         notes: assumptions made and warnings, in words.
     """
@@ -81,6 +90,8 @@ class DistEnv(BaseModel):
     launcher: Launcher
     job_id: str | None = None
     restart_count: int = Field(default=0, ge=0)
+    launched: int | None = Field(default=None, ge=1)
+    agent_store: bool = False
     sources: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -102,6 +113,21 @@ class DistEnv(BaseModel):
             if self.node_rank is not None and self.node_rank >= self.num_nodes:
                 raise ValueError(f"node_rank {self.node_rank} is not below num_nodes {self.num_nodes}")
         return self
+
+    def launched_from(self) -> str:
+        """Where :attr:`launched` came from, with its value, for messages; ``""`` when it is unknown.
+
+        ``OMPI_COMM_WORLD_SIZE=4``; a count that is a product of two variables (torchrun's) as
+        ``torchrun: LOCAL_WORLD_SIZE=2 x 3 node(s)``; ``launched=4`` when ``sources`` does not say.
+        """
+        if self.launched is None:
+            return ""
+        names = self.sources.get("launched", ())
+        if len(names) == 1:
+            return f"{names[0]}={self.launched}"
+        if len(names) == 2 and self.num_nodes and self.launched % self.num_nodes == 0:
+            return f"{self.launcher}: {names[0]}={self.launched // self.num_nodes} x {self.num_nodes} node(s)"
+        return f"launched={self.launched}"
 
     def to_environ(self) -> dict[str, str]:
         """The torch variables for this world, as strings.

@@ -202,6 +202,16 @@ def to_draft(mpi: MpiWorld, v: Vars) -> Draft:
     return draft
 
 
+#: The variables an MPI launcher writes the number of processes it started to, innermost first. PMI_SIZE
+#: comes last: srun's own PMI plugin sets it too, for the same step.
+COUNTS = ("OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def launched(v: Vars) -> tuple[str, int] | None:
+    """``(variable, count)``: how many processes mpirun/mpiexec says it started; None when none says."""
+    return v.first_count(*COUNTS)
+
+
 def launch_id(v: Vars) -> str | None:
     """An id identical on every rank of one mpirun/mpiexec launch and different between launches."""
     found = v.first("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PALS_APID", "PMI_JOBID")

@@ -172,10 +172,26 @@ PRECEDENCE: tuple[Callable[[_Scene], Draft | None], ...] = (
 )
 
 
+#: Who says how many processes it started, innermost first, for a world torchrun did not start (a torchrun
+#: worker's count is torchrun's own, read with its world: the MPI/Slurm counts around it count its agents).
+#: Read whatever rule found the world, so an exported WORLD_SIZE can be compared with what was started.
+LAUNCHED: tuple[Callable[[Vars], tuple[str, int] | None], ...] = (_mpi.launched, _slurm.launched)
+
+
+def _launched(v: Vars, draft: Draft) -> None:
+    """Record the launcher's own process count (``launched``): the first of :data:`LAUNCHED` that says one."""
+    if draft.launcher == "torchrun":
+        return
+    found = next((said for said in (read(v) for read in LAUNCHED) if said is not None), None)
+    if found is not None:
+        draft.put("launched", found[1], found[0])
+
+
 def resolve(environ: Mapping[str, str], *, strict: bool, here: str = "") -> DistEnv:
     """Resolve ``environ`` into a validated :class:`DistEnv` (see ``env_from_scheduler``)."""
     scene = _Scene(environ, strict=strict, here=here)
     draft = next(world for world in (rule(scene) for rule in PRECEDENCE) if world is not None)
+    _launched(scene.v, draft)
     fill_master(scene.v, draft, here=here)
     _validate(draft)
     return DistEnv(
@@ -190,6 +206,8 @@ def resolve(environ: Mapping[str, str], *, strict: bool, here: str = "") -> Dist
         launcher=draft.launcher,
         job_id=draft.job_id,
         restart_count=draft.restart_count,
+        launched=draft.launched,
+        agent_store=draft.agent_store,
         sources=dict(draft.sources),
         notes=tuple(draft.notes),
     )

@@ -50,6 +50,14 @@ class Slurm:
         return self.step_id is not None and self.procid is not None
 
 
+def launched(v: Vars) -> tuple[str, int] | None:
+    """``(variable, count)``: how many tasks this srun step started; None outside a step.
+
+    Only the step's count: a batch script's ``SLURM_NTASKS`` is what the allocation may run, not what was started.
+    """
+    return v.first_count("SLURM_STEP_NUM_TASKS")
+
+
 def read(v: Vars) -> Slurm | None:
     """The Slurm job this process belongs to, or ``None`` outside Slurm."""
     job = v.first("SLURM_JOB_ID", "SLURM_JOBID")

@@ -2,7 +2,9 @@
 
 torchrun is always the innermost launcher when present: the ``SLURM_*`` or ``OMPI_*`` variables
 around it describe the agent that ran torchrun, not the worker. Its node rank is ``GROUP_RANK``,
-which with c10d rendezvous is the agents' arrival order, not Slurm's node order.
+which with c10d rendezvous is the agents' arrival order, not Slurm's node order. It says how many
+workers it started (``LOCAL_WORLD_SIZE`` per agent, ``GROUP_WORLD_SIZE`` agents), and whether its agent
+hosts the store the workers meet at (``TORCHELASTIC_USE_AGENT_STORE=True``: rank 0 connects, it does not host).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def read(v: Vars) -> Draft | None:
     draft.put("node_rank", v.integer("GROUP_RANK"), "GROUP_RANK")
     draft.put("num_nodes", v.integer("GROUP_WORLD_SIZE", minimum=1), "GROUP_WORLD_SIZE")
     draft.put("restart_count", v.integer("TORCHELASTIC_RESTART_COUNT"), "TORCHELASTIC_RESTART_COUNT")
+    per_node, nodes = v.first_count("LOCAL_WORLD_SIZE"), v.first_count("GROUP_WORLD_SIZE")
+    if per_node is not None and nodes is not None:
+        draft.put("launched", per_node[1] * nodes[1], "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE")
+    # torch's own test (torch.distributed.elastic): the agent's store serves the workers' rendezvous.
+    if v.raw("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        draft.put("agent_store", True, "TORCHELASTIC_USE_AGENT_STORE")
     run_id = v.raw("TORCHELASTIC_RUN_ID")
     if run_id and run_id.strip() and run_id.strip() != "none":
         draft.put("job_id", run_id.strip(), "TORCHELASTIC_RUN_ID")

@@ -243,7 +243,7 @@ def _setup(
     PROCESS.setup = result
     if PROCESS.liveness is not None:  # a group destroyed without teardown(): its watch ends now
         PROCESS.liveness.stop()
-    PROCESS.liveness = _watch(env.world_size, hang)
+    PROCESS.liveness = _watch(env, hang)
     if not PROCESS.atexit_registered:
         atexit.register(teardown)
         PROCESS.atexit_registered = True
@@ -303,8 +303,9 @@ def _alone(
     )
 
 
-def _watch(world_size: int, hang: HangSettings | None = None) -> Liveness | None:
+def _watch(env: DistEnv, hang: HangSettings | None = None) -> Liveness | None:
     """Keep the ranks' liveness after setup() (see :class:`~._liveness.Liveness`) on the group's store."""
+    world_size = env.world_size
     store = default_store() if world_size >= 2 else None
     if store is None:
         return None
@@ -315,6 +316,7 @@ def _watch(world_size: int, hang: HangSettings | None = None) -> Liveness | None
         world_size=world_size,
         environ=os.environ,
         master=(addr, int(port)) if addr and port.isascii() and port.isdigit() else None,
+        torchrun=env.launcher == "torchrun",
         hang=hang,
         counts=collective_counts,
         group_name=group_name,

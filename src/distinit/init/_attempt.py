@@ -51,30 +51,6 @@ from distinit.init._thread import PROCESS, Abandoned, Handover, leave_behind, ru
 logger = logging.getLogger("distinit.init")
 
 
-# the launcher's count ------------------------------------------------------------------------------------------
-#: The variables that hold a launcher's process count, innermost launcher first.
-_COUNT_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
-
-
-def _count(environ: Mapping[str, str], name: str) -> int | None:
-    value = environ.get(name, "").strip()
-    return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
-
-
-def launched(environ: Mapping[str, str]) -> tuple[int, str] | None:
-    """``(count, "VAR=count")`` of the processes the launcher started, or None when no launcher says."""
-    if environ.get("TORCHELASTIC_RUN_ID"):
-        local, nodes = _count(environ, "LOCAL_WORLD_SIZE"), _count(environ, "GROUP_WORLD_SIZE")
-        if local is None or nodes is None:
-            return None
-        return local * nodes, f"torchrun: LOCAL_WORLD_SIZE={local} x {nodes} node(s)"
-    for name in _COUNT_VARIABLES:
-        count = _count(environ, name)
-        if count is not None:
-            return count, f"{name}={count}"
-    return None
-
-
 # the attempts' records -----------------------------------------------------------------------------------------
 class AttemptLog:
     """What each attempt of one call saw, for the report, the error message and the log."""
@@ -181,10 +157,11 @@ class Rendezvous:
         self.deadline_at = self.start + bounds.deadline
         self.rank, self.world_size = env.rank, env.world_size
         self.master = Master(addr=env.master_addr or "127.0.0.1", port=env.master_port or 0, rank=env.rank)
-        self.agent = env.launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        # torchrun's agent hosts the store (env's agent_store), so rank 0 connects like the others.
+        self.agent = env.agent_store
         self.hosting = self.rank == 0 and not self.agent
-        job = env.job_id or environ.get("TORCHELASTIC_RUN_ID") or "job"
-        self.launched = launched(environ)
+        job = env.job_id or "job"
+        self.launched = None if env.launched is None else (env.launched, env.launched_from())
         self.loss_bound = loss_bound(environ)
         number, self.resumed = call
         self.namespace = f"distinit/{job}/{env.restart_count}/c{number}/"

@@ -274,14 +274,19 @@ class Liveness:
         beat: float,
         stale: float,
         master: tuple[str, int] | None = None,
-        environ: Mapping[str, str] | None = None,
+        torchrun: bool = False,
         hang: HangWatch | None = None,
     ) -> None:
+        """A watch not yet started (see :meth:`started`).
+
+        ``torchrun``: a torchrun agent started this rank (``DistEnv.launcher``); it stops every worker of a
+        node when one fails, so a gone rank 0 may have been stopped for another worker.
+        """
         self.store, self.rank, self.world_size = store, rank, world_size
         self._beat_every, self._stale = beat, stale
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.master = master
-        self._siblings_stopped = "TORCHELASTIC_RUN_ID" in (os.environ if environ is None else environ)
+        self._siblings_stopped = torchrun
         self._who: dict[int, str] = {}  # rank -> "host|pid", as read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -317,11 +322,14 @@ class Liveness:
         world_size: int,
         environ: Mapping[str, str],
         master: tuple[str, int] | None,
+        torchrun: bool = False,
         hang: HangSettings | None = None,
         counts: Callable[[], dict[str, int]] | None = None,
         group_name: Callable[[object], str | None] | None = None,
     ) -> Liveness:
         """A started watch at the join's pace for ``world_size`` (and the loss bound ``environ`` sets).
+
+        ``torchrun``: as :class:`Liveness` (the rank's ``DistEnv.launcher == "torchrun"``).
 
         With ``hang`` enabled, it also samples the calling thread's stack for the hang verdict (``counts``: the
         collectives issued per group).
@@ -344,7 +352,7 @@ class Liveness:
             beat=pace.beat,
             stale=pace.stale,
             master=master,
-            environ=environ,
+            torchrun=torchrun,
             hang=watch,
         )
         liveness.introduce()

@@ -1,11 +1,13 @@
-"""init/_attempt.py's pure parts: the attempts' records and the launcher's own count."""
+"""init/_attempt.py's pure parts: the attempts' records, and the launcher's facts a call takes from its world.
+
+How the launcher's own count and torchrun's agent store are resolved: tests/unit/env/test_launched.py.
+"""
 
 from __future__ import annotations
 
-import pytest
-
-from distinit.init._attempt import AttemptLog, launched
-from distinit.init._policy import AttemptFailed
+from distinit.env import DistEnv, env_from_scheduler
+from distinit.init._attempt import AttemptLog, Rendezvous
+from distinit.init._policy import AttemptFailed, Backoff, Bounds
 
 
 def test_the_log_keeps_one_record_per_attempt_and_the_last_missing_ranks() -> None:
@@ -19,18 +21,42 @@ def test_the_log_keeps_one_record_per_attempt_and_the_last_missing_ranks() -> No
     assert log.lines()[0].startswith("#1 join") and "(refused)" in log.lines()[1]
 
 
-@pytest.mark.parametrize(
-    ("environ", "expected"),
-    [
-        pytest.param({"OMPI_COMM_WORLD_SIZE": "4"}, (4, "OMPI_COMM_WORLD_SIZE=4"), id="mpirun"),
-        pytest.param({"SLURM_NTASKS": "8"}, None, id="batch-script-allocation-only"),
-        pytest.param(
-            {"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "3"},
-            (6, "torchrun: LOCAL_WORLD_SIZE=2 x 3 node(s)"),
-            id="torchrun",
-        ),
-        pytest.param({"PMI_SIZE": " "}, None, id="blank"),
-    ],
-)
-def test_launched(environ: dict[str, str], expected: tuple[int, str] | None) -> None:
-    assert launched(environ) == expected
+def _rendezvous(env: DistEnv, environ: dict[str, str]) -> Rendezvous:
+    bounds = Bounds.of(deadline=10.0, attempt_timeout=5.0, pg_timeout=None)
+    return Rendezvous(
+        env=env, backend="gloo", bounds=bounds, device_id=None, verify=False, environ=environ,
+        backoff=Backoff(), call=(1, False), watch_init=False,
+    )  # fmt: skip
+
+
+TORCHRUN = {
+    "TORCHELASTIC_RUN_ID": "r1",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "RANK": "0",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "0",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "0",
+    "GROUP_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
+
+
+def test_the_attempts_take_the_launchers_facts_from_the_world_not_the_environment() -> None:
+    """Resolved from torchrun's variables: its agent hosts the store and it started 2 of the 4 ranks."""
+    session = _rendezvous(env_from_scheduler(TORCHRUN), environ={})
+    assert (session.agent, session.hosting) == (True, False)
+    assert session.launched == (2, "torchrun: LOCAL_WORLD_SIZE=2 x 1 node(s)")
+    assert session.namespace == "distinit/r1/0/c1/"
+
+
+def test_a_world_built_by_hand_says_what_it_says() -> None:
+    """The variables around a hand-built world are not read: no agent store unless the world says so."""
+    env = DistEnv(rank=0, local_rank=0, world_size=4, launcher="torchrun", master_addr="127.0.0.1", master_port=1)
+    session = _rendezvous(env, environ=TORCHRUN)
+    assert (session.agent, session.hosting, session.launched) == (False, True, None)
+    assert session.namespace == "distinit/job/0/c1/"
+    told = DistEnv.model_validate({**env.model_dump(), "agent_store": True, "launched": 2})
+    session = _rendezvous(told, environ={})
+    assert (session.agent, session.hosting, session.launched) == (True, False, (2, "launched=2"))

@@ -15,7 +15,6 @@ from torch.distributed import HashStore
 from distinit.errors import IncompleteEnvError, MalformedEnvError, PortInUseError, RankLostError, RendezvousError
 from distinit.init import _loopback, _messages
 from distinit.init._api import readable
-from distinit.init._attempt import launched
 from distinit.init._heartbeat import Heartbeat, Silent
 from distinit.init._policy import AttemptFailed
 from distinit.init._report import AttemptRecord, InitReport
@@ -85,22 +84,6 @@ def test_stopped_heartbeat_stops_beating() -> None:
     value = store.get(f"{prefix}beat/3")
     time.sleep(0.2)
     assert store.get(f"{prefix}beat/3") == value
-
-
-@pytest.mark.parametrize(
-    ("environ", "expected"),
-    [
-        ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "3"}, 6),
-        ({"OMPI_COMM_WORLD_SIZE": "4", "SLURM_STEP_NUM_TASKS": "8"}, 4),
-        ({"PMI_SIZE": "5"}, 5),
-        ({"SLURM_STEP_NUM_TASKS": "8"}, 8),
-        ({"SLURM_NTASKS": "8"}, None),  # a batch script: the allocation, not what it started
-        ({"OMPI_COMM_WORLD_SIZE": "zero"}, None),
-    ],
-)
-def test_launched_count(environ: dict[str, str], expected: int | None) -> None:
-    found = launched(environ)
-    assert (found[0] if found else None) == expected
 
 
 def test_oversized_world_named_with_the_launcher_count() -> None:
