@@ -8,6 +8,10 @@ local world size, node count) and lists every conflict with what the environment
 and the hosts, so that "every node believes it is node 0" becomes one line.
 
 Torch-free: the standard library and pydantic only (``distinit doctor`` and ``setup()`` share it).
+
+Reads launcher variables itself: the node name a launcher gives a task (``SLURMD_NODENAME``, ``PMI_HOSTNAME``,
+Open MPI's daemon URI) is evidence of which machine this is, gathered to check the world that env resolved,
+not a part of resolving it; ``distinit doctor`` reads it even where ``env_from_scheduler`` fails.
 """
 
 from __future__ import annotations

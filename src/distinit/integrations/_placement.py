@@ -9,6 +9,10 @@ launcher's ranks), so round-robin placements train and only the counts are check
 
 The verdict is built from facts every rank holds (the launcher's per-node counts, or the table the ranks
 exchanged), so every rank raises the same error, word for word, before any of them enters DDP init.
+
+Reads launcher variables itself: Slurm's per-node task list (``SLURM_STEP_TASKS_PER_NODE``), which ``DistEnv``
+does not keep (only this node's count, ``local_world_size``); a ``DistEnv`` field for the per-node counts would
+move this read into env/. ``LOCAL_WORLD_SIZE`` is otherwise only a label, where ``sources`` names no variable.
 """
 
 from __future__ import annotations

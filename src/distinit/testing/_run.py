@@ -8,6 +8,9 @@ port at all), or, when the ranks must find ``MASTER_ADDR``/``MASTER_PORT`` thems
 connect as clients.
 
 This module imports no torch at import time (the plugin is loaded into every pytest session).
+
+Writes launcher variables itself: it plays the launcher for its ranks (``LOCAL_WORLD_SIZE``, and
+``TORCHELASTIC_USE_AGENT_STORE=True`` when they meet at the ``TCPStore`` this process hosts).
 """
 
 from __future__ import annotations

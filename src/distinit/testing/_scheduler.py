@@ -8,6 +8,9 @@ plausible constants; values that depend on the layout (ranks, sizes, node lists,
 strings) are computed exactly as the launcher computes them.
 
 Pure: no I/O unless ``files_dir`` is given (then node files for PALS and LSF are written there).
+
+Writes launcher variables itself: building what a launcher exports, for tests of the code that reads it, is
+this module's purpose.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 The default is per user and per job, and prefers ``$XDG_RUNTIME_DIR`` (a 0700 directory of this user that
 nobody else can pre-empt) over ``/dev/shm`` (shared: another user can create the name first; the check
 below then names that user).
+
+Reads launcher variables itself: only the scheduler's job id (``SLURM_JOB_ID``, ...), the one value the daemon
+in the job script and every worker of the job share; the daemon runs outside any launch, where
+``env_from_scheduler`` refuses a batch script or describes another world.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ The identity line is compatible both ways: a server that predates it reads exact
 the bytes after it, and a client that predates it sends none (its ranks are then unknown). Which process the
 client is (pid, uid) comes from the kernel (``SO_PEERCRED``), never from a message; the ranks are what the
 worker says, used only to name it in events and to judge which rank hung first.
+
+Reads launcher variables itself: a worker's identity (``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``, ...) is read
+without ever raising, from this process or from another's ``/proc/<pid>/environ``, where ``env_from_scheduler``
+would refuse a partial or contradictory environment; it only names a worker and never decides the world.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ FileTimer"):
 * the FIFO is created 0600, refused if a symlink, a directory or another user's file stands at the path, and
   every request is bounded and validated: a malformed, oversized or hostile line is logged and dropped and
   never stops the server.
+
+Reads launcher variables itself: ``TORCHELASTIC_TIMER_FILE`` and ``TORCHELASTIC_RUN_ID`` in another process's
+``/proc/<pid>/environ``, as torch's protocol defines them, are evidence that it is a worker of this job (torchrun
+passes both to its workers); no world is resolved from them.
 """
 
 from __future__ import annotations
