@@ -5,7 +5,8 @@ module orders them and checks the result. :data:`PRECEDENCE` lists the rules inn
 first, and :func:`resolve` takes the world of the first rule that finds one: a launcher started
 *inside* another wins, because the outer one's variables describe its own helper processes. The
 outer launchers present are cross-checked against the winner, and every world must then pass the
-invariants in :func:`_broken` (an impossible world is a ``ConflictingEnvError``).
+invariants in :func:`_broken` (an impossible world is a ``ConflictingEnvError``). :data:`LAUNCHED`
+orders, the same way, who says how many processes it started (``DistEnv.launched``).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class JoinProtocol:
         self._waiting_since: float | None = None
         self._next_progress: float | None = None
         self._heartbeat: Heartbeat | None = None
-        # The launcher's own process count (see _attempt.launched), and (missing count, since when) for the hint.
+        # The launcher's own count (DistEnv.launched, in words), and (missing count, since when) for the hint.
         self.launched = launched
         self._arrivals: tuple[int, float] | None = None
         self.pace = Pace.for_world(world_size, loss_bound=loss_bound)

@@ -21,16 +21,13 @@ MV2 = {
     "MV2_COMM_WORLD_LOCAL_RANK": "1",
     "MV2_COMM_WORLD_LOCAL_SIZE": "2",
 }
-STEP = {
-    "procid": 1,
-    "localid": 0,
-    "nodeid": 1,
-    "ntasks": 2,
-    "tasks_per_node": "1(x2)",
-    "nodelist": "n[1-2]",
-    "nnodes": 2,
-    "gtids": "1",
-}
+
+
+def step(**extra: str) -> dict[str, str]:
+    """Task 1 of a 2-task srun step on n[1-2]."""
+    return srun(procid=1, localid=0, nodeid=1, ntasks=2, tasks_per_node="1(x2)", nodelist="n[1-2]", nnodes=2,
+                gtids="1", **extra)  # fmt: skip
+
 
 TORCH_VARIABLES = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -51,11 +48,11 @@ LAUNCHERS = [
     ),
     pytest.param(
         # The SLURM_STEP_NUM_TASKS around a worker counts torchrun's agents, never its workers.
-        {**srun(**STEP), **torchrun(1, 4, 1, 2, 0, 2)}, 4, ("LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"),
+        {**step(), **torchrun(1, 4, 1, 2, 0, 2)}, 4, ("LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"),
         "torchrun: LOCAL_WORLD_SIZE=2 x 2 node(s)", id="torchrun-inside-srun-counts-its-workers",
     ),
     pytest.param(
-        {**srun(**STEP), **{k: v for k, v in torchrun(1, 4, 1, 2, 0, 2).items() if k != "LOCAL_WORLD_SIZE"}},
+        {**step(), **{k: v for k, v in torchrun(1, 4, 1, 2, 0, 2).items() if k != "LOCAL_WORLD_SIZE"}},
         None, None, "", id="torchrun-inside-srun-without-its-count-is-unknown-not-slurms",
     ),
     pytest.param(
@@ -68,12 +65,12 @@ LAUNCHERS = [
     pytest.param(MV2, 4, ("MV2_COMM_WORLD_SIZE",), "MV2_COMM_WORLD_SIZE=4", id="mvapich2"),
     pytest.param(hydra(1, 2, 1, 2), 2, ("PMI_SIZE",), "PMI_SIZE=2", id="hydra"),
     pytest.param(
-        srun(**STEP, PMI_RANK="1", PMI_SIZE="2", PMI_JOBID="4242.0"), 2, ("PMI_SIZE",), "PMI_SIZE=2",
+        step(PMI_RANK="1", PMI_SIZE="2", PMI_JOBID="4242.0"), 2, ("PMI_SIZE",), "PMI_SIZE=2",
         id="srun-mpi-pmi2-PMI_SIZE-first",
     ),
-    pytest.param(srun(**STEP), 2, ("SLURM_STEP_NUM_TASKS",), "SLURM_STEP_NUM_TASKS=2", id="srun-step"),
+    pytest.param(step(), 2, ("SLURM_STEP_NUM_TASKS",), "SLURM_STEP_NUM_TASKS=2", id="srun-step"),
     pytest.param(
-        {**srun(**STEP), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, 2, ("SLURM_STEP_NUM_TASKS",),
+        {**step(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, 2, ("SLURM_STEP_NUM_TASKS",),
         "SLURM_STEP_NUM_TASKS=2", id="exported-RANK-in-srun-step",
     ),
     pytest.param(ALLOC, None, None, "", id="batch-script-allocation-is-not-a-count"),
