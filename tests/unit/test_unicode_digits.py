@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from distinit.broadcast._transport import shm
-from distinit.init._attempt import _count
+from distinit.env._draft import Draft, Vars
+from distinit.env._resolve import _launched
 from distinit.init._liveness import _gone_here
 
 
@@ -25,8 +26,13 @@ def test_the_shm_pool_cap_in_ascii_digits_is_read(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize("text", ["²", "٤", ""])
 def test_a_launcher_count_in_unicode_digits_is_no_count(text: str) -> None:
-    assert _count({"OMPI_COMM_WORLD_SIZE": text}, "OMPI_COMM_WORLD_SIZE") is None
-    assert _count({"OMPI_COMM_WORLD_SIZE": "4"}, "OMPI_COMM_WORLD_SIZE") == 4
+    def count(environ: dict[str, str]) -> int | None:
+        draft = Draft(launcher="env", rank=0, world_size=1)
+        _launched(Vars(environ), draft)  # DistEnv.launched, as env resolves it
+        return draft.launched
+
+    assert count({"OMPI_COMM_WORLD_SIZE": text}) is None
+    assert count({"OMPI_COMM_WORLD_SIZE": "4"}) == 4
 
 
 def test_a_forged_pid_in_unicode_digits_is_no_process_of_this_host() -> None:
