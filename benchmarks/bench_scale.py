@@ -273,8 +273,8 @@ def _median_s(fn: Callable[[], Any], repeats: int = 5) -> float:
 
 
 def env_rows() -> dict[str, Any]:
+    from distinit._hostlist import expand_hostlist
     from distinit.env import env_from_scheduler
-    from distinit.env._hostlist import expand_hostlist
 
     hosts = "a[000000-049999],b[000000-049999]"  # Slurm caps one range at 65,536 values
     slurm = {

@@ -16,10 +16,11 @@ not a part of resolving it; ``distinit doctor`` reads it even where ``env_from_s
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,7 +29,9 @@ __all__ = [
     "HostIdentity",
     "HostSlot",
     "NodeLayout",
+    "Place",
     "RankClaim",
+    "claim_of",
     "group_ranks",
     "local_identity",
     "open_mpi_node",
@@ -49,6 +52,8 @@ NODE_NAME_VARIABLES = (
 OMPI_DAEMON_URI = "OMPI_MCA_orte_local_daemon_uri"
 #: Open MPI 4's node list, ``name,name,...@...`` (daemon vpid = index), compressed as ``pre[w:1-4]`` at scale.
 OMPI_NODE_REGEX = "OMPI_MCA_orte_node_regex"
+#: A launcher node name longer than this travels as its digest (names stay distinct, rows stay small).
+MAX_NAME = 200
 
 
 class HostIdentity(BaseModel):
@@ -75,6 +80,50 @@ class RankClaim(BaseModel):
     local_world_size: int | None = Field(default=None, ge=1)
     num_nodes: int | None = Field(default=None, ge=1)
     gpu: str | None = Field(default=None, max_length=80)  # UUID of the GPU the rank bound (NCCL), if any
+
+
+class Place(Protocol):
+    """Where a rank's environment puts it: what :func:`claim_of` reads (a ``distinit.env.DistEnv`` is one).
+
+    A protocol, so this module stays free of ``env``: ``setup()`` and ``distinit doctor`` both pass their
+    ``DistEnv``.
+    """
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def node_rank(self) -> int | None: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def local_world_size(self) -> int | None: ...
+    @property
+    def num_nodes(self) -> int | None: ...
+
+
+def claim_of(
+    place: Place, environ: Mapping[str, str], identity: HostIdentity | None = None, *, gpu: str | None = None
+) -> RankClaim:
+    """This rank's row: its host identity and what its environment says about its place in the world.
+
+    The one builder of a claim, so the claim ``setup()`` verifies the world with and the one ``distinit doctor``
+    reports are the same. ``identity`` defaults to ``local_identity(environ)`` (the doctor passes the one it
+    already read); ``gpu`` is the UUID of the GPU this rank bound, if any. A launcher node name longer than
+    :data:`MAX_NAME` travels as its digest.
+    """
+    identity = local_identity(environ) if identity is None else identity
+    if identity.launcher_node is not None and len(identity.launcher_node) > MAX_NAME:
+        digest = hashlib.blake2b(identity.launcher_node.encode(), digest_size=16).hexdigest()
+        identity = identity.model_copy(update={"launcher_node": f"{identity.launcher_node[:64]}...{digest}"})
+    return RankClaim(
+        rank=place.rank,
+        identity=identity,
+        node_rank=place.node_rank,
+        local_rank=place.local_rank,
+        local_world_size=place.local_world_size,
+        num_nodes=place.num_nodes,
+        gpu=gpu,
+    )
 
 
 class HostSlot(BaseModel):

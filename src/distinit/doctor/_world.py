@@ -8,6 +8,7 @@ from typing import Any
 
 from distinit._foreign import first_line
 from distinit._identity import HostIdentity, NodeLayout, group_ranks
+from distinit._identity import claim_of as rank_claim
 from distinit.doctor import _clock, _reach
 from distinit.doctor._consensus import consensus
 from distinit.doctor._exchange import gather_bytes
@@ -19,7 +20,6 @@ from distinit.doctor._nodes import nodes
 from distinit.doctor._peer import PeerDocument, parse_document, parse_results, peer_failure
 from distinit.env import DistEnv
 from distinit.errors import DistinitError
-from distinit.init import claim_of as rank_claim
 
 #: Bytes each host sends its ring successor under ``--bandwidth``.
 BANDWIDTH_BYTES = 64 * 1024 * 1024

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distinit._text import decimal
 from distinit.env._draft import Draft, Vars
-from distinit.env._text import decimal
 from distinit.errors import MalformedEnvError
 
 

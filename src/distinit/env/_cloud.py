@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from distinit._port import PORT_MAX, PORT_MIN
+from distinit._text import decimal, quoted
 from distinit.env._draft import Draft, Vars
 from distinit.env._model import Launcher
-from distinit.env._port import PORT_MAX, PORT_MIN
-from distinit.env._text import decimal, quoted
 from distinit.errors import ConflictingEnvError, MalformedEnvError
 
 _AZURE_MARKERS = (

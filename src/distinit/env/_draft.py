@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from distinit._text import decimal, quoted
 from distinit.env._model import Launcher
-from distinit.env._text import decimal, quoted
 from distinit.errors import IncompleteEnvError, MalformedEnvError, NotLaunchedError
 
 #: torch stores ranks and sizes in C ints.

@@ -8,8 +8,8 @@ launcher is the source of the world, :func:`check_agreement` holds the exported 
 
 from __future__ import annotations
 
+from distinit._port import derived_port
 from distinit.env._draft import Draft, Vars
-from distinit.env._port import derived_port
 from distinit.errors import ConflictingEnvError, IncompleteEnvError
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")

@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from distinit._port import derived_port
 from distinit.env import _batch, _cloud, _explicit, _layout, _mpi, _slurm, _torchrun
 from distinit.env._draft import Draft, Vars, not_launched, single
 from distinit.env._master import fill_master
 from distinit.env._model import DistEnv
-from distinit.env._port import derived_port
 from distinit.errors import ConflictingEnvError, IncompleteEnvError
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distinit._hostlist import expand_counts, expand_hostlist
+from distinit._port import derived_port
+from distinit._text import clipped, decimal
 from distinit.env import _explicit
 from distinit.env._draft import Draft, Vars, not_launched, single
-from distinit.env._hostlist import expand_counts, expand_hostlist
 from distinit.env._model import master_addr_fix
 from distinit.env._mpi import MpiWorld
-from distinit.env._port import derived_port
-from distinit.env._text import clipped, decimal
 from distinit.errors import ConflictingEnvError, IncompleteEnvError, MalformedEnvError
 
 _RESTART = "SLURM_RESTART_COUNT"

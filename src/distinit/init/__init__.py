@@ -4,7 +4,6 @@ from distinit.init._api import SetupResult, init_with_retry, setup, teardown
 
 # For distinit's other packages (the doctor, the Lightning integration), not for users: not in __all__.
 from distinit.init._api import lost_peer as lost_peer
-from distinit.init._form import claim_of as claim_of
 from distinit.init._loopback import check_advertised_address as check_advertised_address
 from distinit.init._policy import AttemptFailed as AttemptFailed
 from distinit.init._policy import Backoff

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed import HashStore
 
 from distinit._foreign import first_line
+from distinit._identity import claim_of
 from distinit._torch import collective_counts, default_store, group_name
 from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
@@ -36,7 +37,7 @@ from distinit.hang import HangSettings, OnHang
 from distinit.init import _loopback
 from distinit.init._attempt import Rendezvous
 from distinit.init._device import choose_backend, device_plan
-from distinit.init._form import claim_of, settle
+from distinit.init._form import settle
 from distinit.init._liveness import Liveness, consequence, peer_closed
 from distinit.init._policy import AttemptFailed, Backoff, Bounds
 from distinit.init._report import AttemptRecord, InitReport

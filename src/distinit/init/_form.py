@@ -3,8 +3,8 @@
 Its parts:
 
 * :class:`GroupFormer` -- one attempt's group: init, the check collective, and the complete undo;
-* :func:`claim_of`, :func:`exchange` and :func:`settle` -- the world's own truth: every rank's host
-  identity, exchanged by the check collective, and the world it describes;
+* :func:`exchange` and :func:`settle` -- the world's own truth: every rank's host identity (its claim, built
+  by :func:`distinit._identity.claim_of`), exchanged by the check collective, and the world it describes;
 * :func:`classify_init_failure` and :class:`InitWatch` -- a verdict reached during ``init_process_group``
   (gloo's loopback trap), the same on every rank, at once.
 
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import logging
 import socket
 import threading
@@ -60,8 +59,8 @@ from distinit._identity import (
     HostSlot,
     NodeLayout,
     RankClaim,
+    claim_of,
     group_ranks,
-    local_identity,
     shared_gpus,
 )
 from distinit._net import interfaces
@@ -241,33 +240,8 @@ def device_uuid(index: int) -> str:
 #: Bytes each rank contributes: a magic, a 4-byte length, the JSON claim, zero padding.
 ROW = 1024
 MAGIC = b"distinit/world/1"
-#: A launcher node name longer than this travels as its digest (names stay distinct, rows stay small).
-MAX_NAME = 200
 #: What ``DistEnv.sources`` says of a value derived from the ranks' host identities.
 SOURCE = "world: host identity"
-
-
-def claim_of(
-    env: DistEnv, environ: Mapping[str, str], identity: HostIdentity | None = None, *, gpu: str | None = None
-) -> RankClaim:
-    """This rank's row: its host identity and what its environment says about its place in the world.
-
-    ``identity`` defaults to ``local_identity(environ)`` (the doctor passes the one it already read);
-    ``gpu`` is the UUID of the GPU this rank bound, if any.
-    """
-    identity = local_identity(environ) if identity is None else identity
-    if identity.launcher_node is not None and len(identity.launcher_node) > MAX_NAME:
-        digest = hashlib.blake2b(identity.launcher_node.encode(), digest_size=16).hexdigest()
-        identity = identity.model_copy(update={"launcher_node": f"{identity.launcher_node[:64]}...{digest}"})
-    return RankClaim(
-        rank=env.rank,
-        identity=identity,
-        node_rank=env.node_rank,
-        local_rank=env.local_rank,
-        local_world_size=env.local_world_size,
-        num_nodes=env.num_nodes,
-        gpu=gpu,
-    )
 
 
 def _encode(claim: RankClaim) -> bytes:

@@ -21,7 +21,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from distinit.env import DistEnv, expand_counts
+from distinit._hostlist import expand_counts
+from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError, SchedulerEnvError
 
 #: The Slurm variables that list the step's tasks per node (``"2(x2)"``, ``"2,1"``).

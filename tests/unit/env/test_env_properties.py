@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distinit import DistEnv, MalformedEnvError, SchedulerEnvError, env_from_scheduler, expand_hostlist
-from distinit.env._hostlist import MAX_HOSTS, MAX_NAME
+from distinit._hostlist import MAX_HOSTS, MAX_NAME
 from tests.unit.env.cases import BAD, GOOD
 
 CAPTURES = Path(__file__).resolve().parents[2] / "integration" / "launchers" / "captures"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from distinit import MalformedEnvError, expand_hostlist
-from distinit.env._hostlist import expand_counts
+from distinit._hostlist import expand_counts
 
 EXPANSIONS = [
     pytest.param("", [], id="empty"),

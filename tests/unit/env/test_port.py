@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distinit import MalformedEnvError, env_from_scheduler
-from distinit.env._port import DERIVED_PORTS, PORT_ADVICE, PORT_MAX, PORT_MIN, check_port, derived_port
+from distinit._port import DERIVED_PORTS, PORT_ADVICE, PORT_MAX, PORT_MIN, check_port, derived_port
 from tests.unit.env.cases import srun
 
 

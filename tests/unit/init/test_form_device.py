@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distinit._identity import HostIdentity, RankClaim, shared_gpus
+from distinit._identity import HostIdentity, RankClaim, claim_of, shared_gpus
 from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError
 from distinit.init import _form
@@ -94,5 +94,5 @@ def test_settle_refuses_a_shared_gpu_on_every_rank_naming_both_ranks() -> None:
 
 def test_gpu_uuid_travels_in_the_identity_row() -> None:
     env = DistEnv.model_validate({"rank": 0, "world_size": 1, "local_rank": 0, "launcher": "slurm"})
-    claim = _form.claim_of(env, {}, HOST, gpu="GPU-" + "f" * 36)
+    claim = claim_of(env, {}, HOST, gpu="GPU-" + "f" * 36)
     assert _form._decode(_form._encode(claim), 0, rank=0).gpu == claim.gpu

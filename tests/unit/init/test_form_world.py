@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distinit._identity import HostIdentity, RankClaim
+from distinit._identity import HostIdentity, RankClaim, claim_of
 from distinit.env import DistEnv
 from distinit.errors import ConflictingEnvError, RendezvousError
 from distinit.init import _form
@@ -105,7 +105,7 @@ def test_launcher_node_names_split_one_kernel() -> None:
 
 def test_rows_round_trip_and_a_long_node_name_travels_as_a_digest() -> None:
     env = _env(0, 1)
-    claim = _form.claim_of(env, {"SLURMD_NODENAME": "n" * 5000})
+    claim = claim_of(env, {"SLURMD_NODENAME": "n" * 5000})
     assert claim.identity.launcher_node is not None and len(claim.identity.launcher_node) < 120
     row = _form._encode(claim)
     assert len(row) == _form.ROW

@@ -4,6 +4,8 @@ Every integer env reads (ranks, sizes, hostlist bounds, task counts, ports in ho
 through :func:`decimal`. ``str.isdigit()`` and ``int()`` accept Unicode digits (``'²'``, ``'١'``),
 signs, spaces and underscores, and ``int()`` raises ``ValueError`` beyond 4300 digits; a launcher
 writes none of those, so only plain ASCII digits are numbers here.
+
+A leaf (the standard library only): env and the hostlist grammar (:mod:`distinit._hostlist`) share it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ submitit and Lightning's parsers do. The deviations from scontrol are listed in 
 
 The size of an expansion is counted from the ranges before any name is built, so a few kilobytes
 of ``n[0-65535,0-65535,...]`` fail at once instead of building millions of names.
+
+A leaf (the standard library, ``errors`` and the leaf ``_text``): env reads Slurm's variables with it, and the
+Lightning integration's placement check reads Slurm's per-node counts with :func:`expand_counts`.
+:func:`expand_hostlist` is public as ``distinit.expand_hostlist``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from distinit.env._text import decimal, quoted
+from distinit._text import decimal, quoted
 from distinit.errors import MalformedEnvError
 
 #: Slurm refuses ranges longer than this (``MAX_RANGE`` in src/common/hostlist.c).

@@ -1,7 +1,9 @@
 """The MASTER_PORT policy: what a valid port is, where derived ports land, what to advise.
 
-The one home of these numbers for the whole package: the resolver checks exported ports and derives
-ports with it, and ``init``'s pre-flight check uses :func:`check_port`.
+The one home of these numbers for the whole package, so a leaf (the standard library and ``errors`` only):
+env's resolver checks exported ports and derives ports with it, ``init``'s pre-flight check uses
+:func:`check_port`, and the Lightning integration gives :data:`PORT_ADVICE` when no port is known. Not public:
+the wording of the advice may change in any release.
 """
 
 from __future__ import annotations
