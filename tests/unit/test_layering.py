@@ -1,12 +1,15 @@
 """The import layering of the package, enforced: every import statement in src/distinit, lazy ones included.
 
 The rules of docs/architecture.md, one test each (STYLE.md section 1): the leaves (errors, durations,
-foreign-error text, the probe, the board) import only the standard library, and the torch seam (``_torch``) only
-torch besides; ``_identity`` imports no module of ours and no torch; env imports no other capability and no
-torch; broadcast and watchdog know nothing of init or of each other; rendezvous imports no init; no capability
-imports the testing plugin, the CLI or the package face (``import distinit``), and the one arrow into the CLI is
-``doctor/__main__.py``; no module imports another package's ``_private`` module (shared helpers are top-level
-modules or a package's exports); inside init, every module imports only modules after it in :data:`INIT_ORDER`.
+foreign-error text, the probe, the board, the port policy, Slurm's list grammars, variable text) import only the
+standard library and each other, and the torch seam (``_torch``) only torch besides; ``_identity`` imports no
+module of ours and no torch; env imports no other capability and no torch; broadcast and watchdog know nothing
+of init or of each other; rendezvous imports no init; no capability imports the testing plugin, the CLI or the
+package face (``import distinit``), and the one arrow into the CLI is ``doctor/__main__.py``; no module imports
+another package's ``_private`` module (shared helpers are leaves or a package's exports); inside init, every
+module imports only modules after it in :data:`INIT_ORDER`; a face (``distinit/__init__.py``, each
+``distinit/<package>/__init__.py``) binds only its ``__all__``, its submodules, dunders and the names in
+:data:`FACE_EXTRAS`, each with its reason (``scripts/measure_shape.py`` reports against the same list).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
-LEAVES = ("errors", "_duration", "_foreign", "_net", "_board")
+#: Modules that import no distinit package: the standard library and each other only (``_torch``, ``_identity``
+#: are top-level too, with their own rules below).
+LEAVES = ("errors", "_duration", "_foreign", "_net", "_board", "_port", "_hostlist", "_text")
 CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor", "rendezvous", "hang")
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {
@@ -52,6 +57,38 @@ INIT_ORDER = (
 CLI_IMPORTERS = {"distinit.doctor.__main__"}
 #: What the package face or the CLI is; no capability imports these.
 FACES = {"distinit", "distinit.cli", "distinit.testing.plugin"}
+#: face -> name -> why: what a face binds outside its ``__all__`` (besides submodules and dunders). Public is
+#: "listed in an ``__all__``"; anything else a face binds is a side door that another package (or a face's own
+#: machinery) needs, so it is named here with its reason, and docs/architecture.md lists the same names.
+FACE_EXTRAS: dict[str, dict[str, str]] = {
+    "distinit": {
+        "TYPE_CHECKING": "the lazy face's machinery: type checkers see the real imports behind it",
+        "Any": "the lazy face's machinery: the type of __getattr__'s answer",
+        "importlib": "the lazy face's machinery: __getattr__ imports a capability on first use",
+        "_LAZY": "the lazy face's table: each public name and the package it lives in",
+    },
+    "distinit.env": {
+        "master_addr_fix": "the MASTER_ADDR fix wording init's pre-flight and the Lightning integration share; its "
+        "home env/_model.py is being reworked (issue 36 item 3), then it moves to the _port leaf",
+    },
+    "distinit.init": {
+        "lost_peer": "the Lightning integration names the rank that went away from setup()'s liveness, which is "
+        "init's process state: only init can answer",
+        "check_advertised_address": "the doctor's names check applies setup()'s own loopback rule (its evidence "
+        "and wording are init's)",
+        "host_store": "the doctor's post-mortem hosts the store as rank 0 does (IPv4 listener, libuv fallback); "
+        "a store leaf waits for the retry engine's failure split (issue 36 item 7), which these raise",
+        "connect_store": "the doctor's post-mortem joins the store as setup() does (a bounded, abandonable connect); "
+        "see host_store",
+        "AttemptFailed": "what host_store and connect_store raise for a failure waiting may cure; the doctor "
+        "catches it",
+    },
+    "distinit.doctor": {
+        "run_from_args": "the `distinit doctor` command: the CLI (distinit.cli) parses the arguments, the doctor runs",
+        "gather_json": "`distinit env --check` (the CLI) gathers every rank's identity with the doctor's bounded, "
+        "numpy-free exchange",
+    },
+}
 
 
 def _modules() -> list[Path]:
@@ -103,10 +140,14 @@ def test_the_walk_sees_every_module() -> None:
 
 
 @pytest.mark.parametrize("leaf", LEAVES)
-def test_leaves_import_only_the_standard_library(leaf: str) -> None:
+def test_leaves_import_only_the_standard_library_and_leaves(leaf: str) -> None:
     path = SRC / f"{leaf}.py"
-    foreign = {name.split(".")[0] for name in _imports(path)} - set(sys.stdlib_module_names) - {"__future__"}
+    ours = {name for name in _distinit_imports(path) if _layer(name) not in LEAVES}
+    foreign = (
+        {name.split(".")[0] for name in _imports(path)} - set(sys.stdlib_module_names) - {"__future__", "distinit"}
+    )
     assert not foreign, f"distinit.{leaf} must import only the standard library, imports {sorted(foreign)}"
+    assert not ours, f"distinit.{leaf} must import no distinit package, imports {sorted(ours)}"
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES)
@@ -215,7 +256,7 @@ def _private_reach(own: str, names: set[str]) -> list[str]:
 
 def test_no_module_reaches_into_another_packages_private_modules() -> None:
     # A package's face is its __init__ (its exports); its _modules are its own. Shared helpers live in
-    # top-level modules (distinit._duration, _identity, _net, _board) or are exported by their package.
+    # leaves (distinit._duration, _net, _board, _port, _hostlist ...) or _identity, never a side door in a face.
     # A `python -m` entry point (__main__.py) may run the CLI, as test_capability_imports_point_one_way says.
     bad = [
         line
@@ -236,3 +277,113 @@ def test_a_private_reach_is_seen(tmp_path: Path) -> None:
         "distinit.doctor._probe imports distinit.init._join",
         "distinit.doctor._probe imports distinit.init._join.JoinProtocol",
     ]
+
+
+def face_paths(src: Path = SRC) -> dict[str, Path]:
+    """Every face under ``src`` (the ``distinit`` folder): the package's ``__init__.py`` and each public package's."""
+    faces = {"distinit": src / "__init__.py"}
+    for path in sorted(src.glob("*/__init__.py")):
+        if not path.parent.name.startswith("_"):
+            faces[f"distinit.{path.parent.name}"] = path
+    return faces
+
+
+def _bound(statements: list[ast.stmt]) -> tuple[set[str], set[str]]:
+    """Names bound and names deleted by ``statements`` at run time (an ``if TYPE_CHECKING:`` body binds nothing)."""
+    bound: set[str] = set()
+    deleted: set[str] = set()
+    for node in statements:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            bound.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            bound.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor | ast.With):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [item.optional_vars for item in node.items if item.optional_vars]
+                if isinstance(node, ast.With)
+                else [node.target]
+            )
+            bound.update(n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Delete):
+            deleted.update(n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name))
+        if isinstance(node, ast.If) and not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+            blocks = [node.body, node.orelse]
+        elif isinstance(node, ast.Try):
+            blocks = [node.body, node.orelse, node.finalbody, *(handler.body for handler in node.handlers)]
+        elif isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.With):
+            blocks = [node.body, getattr(node, "orelse", [])]
+        else:
+            blocks = []
+        for block in blocks:
+            more, gone = _bound(block)
+            bound |= more
+            deleted |= gone
+    return bound, deleted
+
+
+def face_extras(path: Path) -> list[str]:
+    """The names the face ``path`` binds that are not in its ``__all__``, not its submodules and not dunders."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    listed: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            listed = set(ast.literal_eval(node.value))
+    bound, deleted = _bound(tree.body)
+    return sorted(
+        name
+        for name in bound - deleted - listed
+        if not (name.startswith("__") and name.endswith("__"))
+        and not (path.parent / name).is_dir()
+        and not (path.parent / f"{name}.py").is_file()
+    )
+
+
+def test_faces_bind_only_their_public_names_and_the_allowed_extras() -> None:
+    # Public means "listed in __all__"; a face that binds more opens a side door. Each one is named, with why.
+    faces = face_paths()
+    assert set(FACE_EXTRAS) <= set(faces), "FACE_EXTRAS names a face that does not exist"
+    bad = [
+        f"{face} binds {name!r} outside __all__: list it in __all__ (public), or in FACE_EXTRAS with the reason"
+        for face, path in faces.items()
+        for name in face_extras(path)
+        if name not in FACE_EXTRAS.get(face, {})
+    ]
+    stale = [
+        f"FACE_EXTRAS[{face!r}] allows {name!r}, which the face no longer binds"
+        for face, names in FACE_EXTRAS.items()
+        for name in names
+        if name not in face_extras(faces[face])
+    ]
+    assert not bad + stale, "\n".join(bad + stale)
+    assert all(reason.strip() for names in FACE_EXTRAS.values() for reason in names.values())
+
+
+def test_a_face_extra_is_seen(tmp_path: Path) -> None:
+    face = tmp_path / "__init__.py"
+    (tmp_path / "_model.py").write_text("")
+    face.write_text(
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "from pkg import _model\n"
+        "from pkg._model import Public, helper as helper\n"
+        "import importlib\n"
+        "if TYPE_CHECKING:\n    from pkg._model import Hidden\n"
+        "try:\n    import fast as speed\nexcept ImportError:\n    speed = None\n"
+        "for _one in (Public,):\n    _one.__module__ = __name__\n"
+        "del _one\n"
+        "def __getattr__(name): ...\n"
+        "_TABLE = {}\n"
+        "__all__ = ['Public']\n"
+    )
+    assert face_extras(face) == ["TYPE_CHECKING", "_TABLE", "helper", "importlib", "speed"]
+
+
+def test_the_map_lists_every_allowed_face_extra() -> None:
+    # docs/architecture.md carries the same rules as this test, the side doors included.
+    text = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    missing = [f"{face}: {name}" for face, names in FACE_EXTRAS.items() for name in names if f"`{name}`" not in text]
+    assert not missing, f"docs/architecture.md does not list these face extras: {missing}"

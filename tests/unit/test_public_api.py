@@ -1,6 +1,7 @@
 """Guards that keep the public shape honest: exports, the error tree, import layering."""
 
 from __future__ import annotations
+import __future__
 
 import copy
 import importlib
@@ -9,10 +10,12 @@ import itertools
 import pickle
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import distinit
 from distinit import errors
+from tests.unit.test_layering import FACE_EXTRAS, face_paths
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -157,3 +160,19 @@ def test_public_classes_name_their_public_module() -> None:
             elif inspect.isclass(obj):
                 assert getattr(importlib.import_module(obj.__module__), obj.__qualname__) is obj
     assert not bad, "\n".join(bad)
+
+
+def test_faces_bind_at_run_time_only_their_public_names_and_the_allowed_extras() -> None:
+    # The layering test reads the faces' source; this imports them, so a name bound some other way is seen too.
+    bad = []
+    for face in face_paths():
+        module = importlib.import_module(face)
+        public = set(getattr(module, "__all__", ()))
+        for name, value in vars(module).items():
+            dunder = name.startswith("__") and name.endswith("__")
+            submodule = isinstance(value, types.ModuleType) and value.__name__ == f"{face}.{name}"
+            future = value is __future__.annotations
+            rewrite = name.startswith("@")  # pytest's assertion rewriting (the plugin loads distinit)
+            if not (dunder or submodule or future or rewrite or name in public or name in FACE_EXTRAS.get(face, {})):
+                bad.append(f"{face}.{name}")
+    assert not bad, f"bound by a face outside __all__ and FACE_EXTRAS (tests/unit/test_layering.py): {bad}"
