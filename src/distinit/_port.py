@@ -1,4 +1,4 @@
-"""The MASTER_PORT policy: what a valid port is, where derived ports land, what to advise.
+"""The MASTER_PORT policy: what a valid port is, where derived ports land, what to advise (and how to pass MASTER_ADDR).
 
 The one home of these numbers for the whole package, so a leaf (the standard library and ``errors`` only):
 env's resolver checks exported ports and derives ports with it, ``init``'s pre-flight check uses
@@ -60,3 +60,20 @@ def derived_port(*parts: str) -> int:
     digest = hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).digest()
     low, high = DERIVED_PORTS
     return low + int.from_bytes(digest[:8], "big") % (high - low + 1)
+
+
+#: How to pass rank 0's host to every process, per launcher (the default: export it).
+_PASS_MASTER_ADDR: dict[str, str] = {
+    "openmpi": "`mpirun -x MASTER_ADDR=<host of rank 0> ...`",
+    "mpich": "`mpiexec -genv MASTER_ADDR <host of rank 0> ...`",
+    "mvapich2": "`mpiexec -genv MASTER_ADDR <host of rank 0> ...` (or MASTER_ADDR=<host> on the mpirun_rsh line)",
+    "lsf": "`jsrun -E MASTER_ADDR=<host of rank 0> ...`",
+    "pals": "`mpiexec --env MASTER_ADDR=<host of rank 0> ...`",
+    "slurm": "`export MASTER_ADDR=<host of rank 0>` before srun (srun passes it to every task)",
+}
+
+
+def master_addr_fix(launcher: str) -> str:
+    """How to give every process of ``launcher`` rank 0's host, in words with the command."""
+    how = _PASS_MASTER_ADDR.get(launcher, "`export MASTER_ADDR=<host of rank 0>` for every process")
+    return f"pass rank 0's host name or address to every process: {how}."

@@ -67,10 +67,6 @@ FACE_EXTRAS: dict[str, dict[str, str]] = {
         "importlib": "the lazy face's machinery: __getattr__ imports a capability on first use",
         "_LAZY": "the lazy face's table: each public name and the package it lives in",
     },
-    "distinit.env": {
-        "master_addr_fix": "the MASTER_ADDR fix wording init's pre-flight and the Lightning integration share; its "
-        "home env/_model.py is being reworked (issue 36 item 3), then it moves to the _port leaf",
-    },
     "distinit.init": {
         "lost_peer": "the Lightning integration names the rank that went away from setup()'s liveness, which is "
         "init's process state: only init can answer",

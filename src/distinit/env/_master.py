@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from distinit._port import PORT_ADVICE, check_port
+from distinit._port import PORT_ADVICE, check_port, master_addr_fix
 from distinit._text import decimal, quoted
 from distinit.env._draft import Draft, Vars
-from distinit.env._model import master_addr_fix
 from distinit.errors import MalformedEnvError
 
 

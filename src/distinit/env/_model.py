@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from distinit._port import master_addr_fix
 from distinit.errors import IncompleteEnvError
 
 #: Short names of the launchers and schedulers ``env_from_scheduler`` recognises.
@@ -27,22 +28,6 @@ Launcher = Literal[
     "env",
     "none",
 ]
-
-#: How to pass rank 0's host to every process, per launcher (the default: export it).
-_PASS_MASTER_ADDR: dict[str, str] = {
-    "openmpi": "`mpirun -x MASTER_ADDR=<host of rank 0> ...`",
-    "mpich": "`mpiexec -genv MASTER_ADDR <host of rank 0> ...`",
-    "mvapich2": "`mpiexec -genv MASTER_ADDR <host of rank 0> ...` (or MASTER_ADDR=<host> on the mpirun_rsh line)",
-    "lsf": "`jsrun -E MASTER_ADDR=<host of rank 0> ...`",
-    "pals": "`mpiexec --env MASTER_ADDR=<host of rank 0> ...`",
-    "slurm": "`export MASTER_ADDR=<host of rank 0>` before srun (srun passes it to every task)",
-}
-
-
-def master_addr_fix(launcher: str) -> str:
-    """How to give every process of ``launcher`` rank 0's host, in words with the command."""
-    how = _PASS_MASTER_ADDR.get(launcher, "`export MASTER_ADDR=<host of rank 0>` for every process")
-    return f"pass rank 0's host name or address to every process: {how}."
 
 
 class DistEnv(BaseModel):

@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distinit._hostlist import expand_counts, expand_hostlist
-from distinit._port import derived_port
+from distinit._port import derived_port, master_addr_fix
 from distinit._text import clipped, decimal
 from distinit.env import _explicit
 from distinit.env._draft import Draft, Vars, not_launched, single
-from distinit.env._model import master_addr_fix
 from distinit.env._mpi import MpiWorld
 from distinit.errors import ConflictingEnvError, IncompleteEnvError, MalformedEnvError
 

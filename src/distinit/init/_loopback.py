@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from distinit._net import binds, interface_ipv4, interfaces, is_loopback
-from distinit._port import check_port
-from distinit.env import DistEnv, master_addr_fix
+from distinit._port import check_port, master_addr_fix
+from distinit.env import DistEnv
 from distinit.errors import IncompleteEnvError
 from distinit.init import _messages
 

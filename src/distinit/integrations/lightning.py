@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from distinit._port import PORT_ADVICE
-from distinit.env import DistEnv, env_from_scheduler, master_addr_fix
+from distinit._port import PORT_ADVICE, master_addr_fix
+from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import ConflictingEnvError, IncompleteEnvError, RankLostError, SchedulerEnvError
 from distinit.integrations._placement import (
     exchanged_layout,
