@@ -78,6 +78,8 @@ FACE_EXTRAS: dict[str, dict[str, str]] = {
         "see host_store",
         "AttemptFailed": "what host_store and connect_store raise for a failure waiting may cure; the doctor "
         "catches it",
+        "Unsupported": "what host_store and connect_store raise for a failure no retry cures (a feature this torch "
+        "lacks); the doctor's post-mortem catches it (it never raises)",
     },
     "distinit.doctor": {
         "run_from_args": "the `distinit doctor` command: the CLI (distinit.cli) parses the arguments, the doctor runs",

@@ -49,7 +49,7 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
     if env.world_size == 1 or env.master_addr is None or env.master_port is None or timeout < 0.5:
         return None
 
-    from distinit.init import AttemptFailed, connect_store, host_store
+    from distinit.init import AttemptFailed, Unsupported, connect_store, host_store
 
     started = time.monotonic()
     mine = PeerLocal(rank=env.rank, host=host[:NAME_CHARS], local=tuple(local))
@@ -64,7 +64,7 @@ def share_local(env: DistEnv, local: list[Check], *, host: str, timeout: float) 
             store.set(_ACK.format(rank=env.rank), "1")  # rank 0 keeps its store until this is read
             return None
         store = host_store(env.master_addr, env.master_port, timeout=timeout)
-    except (AttemptFailed, RuntimeError) as exc:  # DistStoreError is a RuntimeError
+    except (AttemptFailed, Unsupported, RuntimeError, OSError) as exc:  # DistStoreError is a RuntimeError
         logger.debug("rank %d: local checks not shared after the world failed: %s", env.rank, exc)
         return None
     keys = [_KEY.format(rank=r) for r in range(1, env.world_size)]

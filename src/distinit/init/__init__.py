@@ -7,6 +7,7 @@ from distinit.init._api import lost_peer as lost_peer
 from distinit.init._loopback import check_advertised_address as check_advertised_address
 from distinit.init._policy import AttemptFailed as AttemptFailed
 from distinit.init._policy import Backoff
+from distinit.init._policy import Unsupported as Unsupported
 from distinit.init._report import AttemptRecord, InitReport
 from distinit.init._store import connect_store as connect_store
 from distinit.init._store import host_store as host_store
