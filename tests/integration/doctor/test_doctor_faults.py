@@ -61,9 +61,12 @@ def test_a_one_mib_dev_shm_fails(ranks: Ranks, port: int) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_segment_left_by_a_killed_process_is_listed(ranks: Ranks, port: int) -> None:
+    # The kill waits for the file, not for a clock: under load the child's interpreter took longer than the
+    # 0.5 s this once slept, was killed before it opened the file, and left nothing (status "pass").
     leave = (
         'python3 -c \'import time; f=open("/dev/shm/nccl-left-behind","wb"); time.sleep(60)\' & '
-        "child=$! && sleep 0.5 && kill -9 $child && wait $child; true"
+        "child=$! && for _ in $(seq 600); do [ -e /dev/shm/nccl-left-behind ] && break; sleep 0.05; done; "
+        "kill -9 $child && wait $child; true"
     )
     ranks.start(rank_environ(0, 1, port), args=["--json", "--skip", "world"], prefix=_in_private_shm("1G", leave))
     ((status, report),) = ranks.results(40)
