@@ -6,9 +6,11 @@ this call's namespace and the store's current generation, then form the group on
 until the deadline; a misconfiguration verdict is raised at once. The attempts run in a thread that the
 caller may abandon (:mod:`distinit.init._thread`); :meth:`Rendezvous.run` starts it and handles how it ended.
 
-The attempt loop (:meth:`Rendezvous.run_attempts`) reads top to bottom: attempt; on a retryable failure,
-:func:`~distinit.init._policy.next_pause` says how long to pause, or that the deadline leaves no room and the
-failure becomes the final error. What each attempt saw is kept in an :class:`AttemptLog`.
+The attempt loop is tenacity's (:func:`retry_attempts`, the only importer of tenacity): it retries an
+:class:`AttemptFailed` and nothing else, asks :func:`~distinit.init._policy.next_pause` (the pure schedule) how
+long to pause or whether the deadline leaves no room, pauses with :meth:`Rendezvous.pause` and logs the
+"retrying in ..." line before each pause. When no room is left, the last failure comes back to
+:meth:`Rendezvous.give_up`, which raises the final error. What each attempt saw is kept in an :class:`AttemptLog`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Mapping
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 from torch.distributed import Store, TCPStore
@@ -47,6 +49,9 @@ from distinit.init._policy import (
 from distinit.init._report import AttemptRecord, InitReport, Phase
 from distinit.init._store import SPECIFIC, Master, connect_store, specific_error
 from distinit.init._thread import PROCESS, Abandoned, Handover, leave_behind, run_guarded
+
+if TYPE_CHECKING:  # imported where the attempts run (see retry_attempts)
+    import tenacity
 
 logger = logging.getLogger("distinit.init")
 
@@ -429,19 +434,18 @@ class Rendezvous:
 
     def _attempt_until_formed(self) -> None:
         """Attempt until the group forms; a verdict ends it at once, the deadline with :meth:`give_up`."""
-        number = 0
-        while True:
-            number += 1
-            try:
-                self.attempt(number)
-                return
-            except AttemptFailed as failure:
-                pause = next_pause(number, deadline_at=self.deadline_at, backoff=self.backoff, rng=self.rng)
-                if pause is None:
-                    self.give_up(failure)
-                self.log.mark_retried()
-                self.log.log_failure(number, failure, pause, phase=self._phase, generation=self.generation)
-            self.pause(pause)
+        last = retry_attempts(self.attempt, schedule=self._next_pause, pause=self.pause, on_retry=self._retrying)
+        if last is not None:
+            self.give_up(last)
+
+    def _next_pause(self, number: int) -> float | None:
+        """The schedule: the pause after failed attempt ``number``, None when the deadline leaves no room."""
+        return next_pause(number, deadline_at=self.deadline_at, backoff=self.backoff, rng=self.rng)
+
+    def _retrying(self, number: int, failure: AttemptFailed, pause: float) -> None:
+        """Attempt ``number`` failed and another follows after ``pause`` s: mark its record and log it."""
+        self.log.mark_retried()
+        self.log.log_failure(number, failure, pause, phase=self._phase, generation=self.generation)
 
     def run(self) -> InitReport:
         """Run the attempts in a guarded thread; the report once the group formed, or raise what ended them."""
@@ -458,6 +462,76 @@ class Rendezvous:
             words = f"the pause after attempt {number} blocked on the store for {now - paused_at:.1f} s"
             return number, "the pause", words, now - paused_at
         return number, self._phase, f"attempt {number} blocked in {self._phase} for {now - begun:.1f} s", now - begun
+
+
+def retry_attempts(
+    attempt: Callable[[int], None],
+    *,
+    schedule: Callable[[int], float | None],
+    pause: Callable[[float], None],
+    on_retry: Callable[[int, AttemptFailed, float], None],
+) -> AttemptFailed | None:
+    """Run ``attempt(1)``, ``attempt(2)``, ... with tenacity: None once one returns, or the last failure.
+
+    tenacity runs the schedule; the decisions stay ours:
+
+    * ``retry``: an :class:`AttemptFailed` only (the transient failures). Anything else an attempt raises -- a
+      verdict (:class:`~distinit.errors.RendezvousError`), :class:`~distinit.init._thread.Abandoned`, a
+      ``KeyboardInterrupt`` -- tenacity re-raises at once, unretried and unchanged;
+    * ``stop`` and ``wait``: ``schedule(number)`` (:func:`~distinit.init._policy.next_pause`: None when the
+      deadline leaves no room for another attempt), asked once per failed attempt, since it draws the jitter
+      (tenacity before 8.3 asks ``stop`` first, later versions ``wait`` first);
+    * ``before_sleep``: ``on_retry(number, failure, pause)``, the record and the "retrying in ..." line;
+    * ``sleep``: ``pause``, which may end early (the world completed, the store failed) or raise
+      ``Abandoned`` (the caller gave up);
+    * ``retry_error_callback``: hands the last failure back, so tenacity's ``RetryError`` never escapes and the
+      caller raises the final error itself, outside tenacity's frames.
+    """
+    # Imported here, not with the module: tenacity imports asyncio, and ``from distinit import setup`` does not
+    # pay for it (the module list of ``benchmarks/bench_import.py`` watches both).
+    import tenacity
+
+    decided: dict[int, float | None] = {}
+    current = 0
+
+    def scheduled(state: tenacity.RetryCallState) -> float | None:
+        number = state.attempt_number
+        if number not in decided:
+            decided[number] = schedule(number)
+        return decided[number]
+
+    def no_room(state: tenacity.RetryCallState) -> bool:
+        return scheduled(state) is None
+
+    def scheduled_pause(state: tenacity.RetryCallState) -> float:
+        return scheduled(state) or 0.0
+
+    def begin(state: tenacity.RetryCallState) -> None:
+        nonlocal current
+        current = state.attempt_number
+
+    def retried(state: tenacity.RetryCallState) -> None:
+        on_retry(state.attempt_number, _failure(state), scheduled_pause(state))
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(AttemptFailed),
+        stop=no_room,
+        wait=scheduled_pause,
+        before=begin,
+        before_sleep=retried,
+        sleep=pause,
+        retry_error_callback=_failure,
+    )
+    ended: object = retrying(lambda: attempt(current))
+    return ended if isinstance(ended, AttemptFailed) else None
+
+
+def _failure(state: tenacity.RetryCallState) -> AttemptFailed:
+    """The failure that ended the attempt ``state`` describes (tenacity retries nothing else)."""
+    failure = state.outcome.exception() if state.outcome is not None else None
+    if not isinstance(failure, AttemptFailed):  # pragma: no cover - the retry predicate admits nothing else
+        raise TypeError(f"tenacity retried {failure!r}, not an AttemptFailed")
+    return failure
 
 
 def _clear_frames(exc: BaseException | None) -> None:
