@@ -35,7 +35,7 @@ from distinit.errors import RankLostError, RendezvousError, RendezvousTimeoutErr
 from distinit.init import _messages, _store
 from distinit.init._form import GroupFormer, InitWatch
 from distinit.init._heartbeat import host_gone
-from distinit.init._join import JoinProtocol, wait_for_key
+from distinit.init._join import Frozen, HostSilent, JoinProtocol
 from distinit.init._policy import (
     AttemptFailed,
     Backoff,
@@ -276,7 +276,7 @@ class Rendezvous:
             return
         join = self._protocol(store, hosting=False)
         generation = join.generation()
-        if store.check([f"{join.namespace}g{generation}/claim/0"]):
+        if join.claimed(generation, 0):
             join.enter(generation)
 
     def _protocol(self, store: Store, *, hosting: bool | None = None) -> JoinProtocol:
@@ -302,30 +302,26 @@ class Rendezvous:
         join, generation = self.join, self.generation
         if self.hosting or self.agent or join is None or generation is None:
             return None
-        claimant = join.host_claimant
-        if not join.beating or claimant is None:
-            return None  # not waiting in an incomplete join with rank 0 in it: the attempts handle it
-        frozen = join.frozen_for(failed_at)
-        join.stop_beating()
-        if frozen is not None:
-            # This process did not run for longer than the loss bound: rank 0 declared it lost, published
-            # that verdict and left. The verdict is about this rank, never rank 0.
+        seen = join.store_failed(failed_at)
+        if isinstance(seen, Frozen):
             return _messages.frozen_self(
                 rank=self.rank,
-                claimant=join.me.describe(join.me.encode()),
-                frozen_for=frozen,
-                stale=join.pace.stale,
+                claimant=seen.claimant,
+                frozen_for=seen.frozen_for,
+                stale=seen.stale,
                 master=self.master.name,
                 generation=generation,
             )
-        return host_gone(
-            self.master,
-            claimant=claimant,
-            generation=generation,
-            since=failed_at,
-            end=self.deadline_at,
-            sleep=self.handover.sleep,
-        )
+        if isinstance(seen, HostSilent):
+            return host_gone(
+                self.master,
+                claimant=seen.claimant,
+                generation=generation,
+                since=failed_at,
+                end=self.deadline_at,
+                sleep=self.handover.sleep,
+            )
+        return None  # not waiting in an incomplete join with rank 0 in it: the attempts handle it
 
     def _unsupported(self, failure: Unsupported) -> NoReturn:
         """A torch call failed in a way no retry cures: end the call now, and on every rank where possible.
@@ -369,9 +365,8 @@ class Rendezvous:
         if join is not None and generation is not None and records and records[-1].phase == "join" and not woke:
             # Never twice in a row: a store that keeps failing, or a state key someone keeps forging (refused by
             # the attempt, written again), must not turn the attempts into a spin; the pause then runs out.
-            state = f"{join.namespace}g{generation}/state"
             try:
-                if wait_for_key(join.store, state, end, stop=self.handover.gave_up, poll=join.pace.poll):
+                if join.wait_for_state(generation, end, stop=self.handover.gave_up):
                     self._woke_early = True
                     return  # the world completed (or a verdict came) during the pause
             except (RuntimeError, OSError):

@@ -25,10 +25,10 @@ Rows are JSON validated by pydantic (never pickle) with a fixed size, so a hosti
 garbage but cannot make this rank allocate more than ``ROW`` bytes per rank.
 
 **The init verdict.** The join's ``state`` key already says ``ok`` when init runs, so a verdict found in
-init has a key of its own, ``<namespace>g<generation>/init_verdict`` (first writer wins). The rank that
-recognises its own gloo failure as the loopback trap publishes it; a rank whose init failed otherwise reads
-it before giving up on the generation, so no rank starts a new generation for it (the ranks would drift
-apart, each waiting for the others in another generation until the deadline). A rank still blocked in init
+init has a key of its own, the join's ``init_verdict`` (:meth:`JoinProtocol.init_verdict_key`; first writer
+wins). The rank that recognises its own gloo failure as the loopback trap publishes it; a rank whose init failed
+otherwise reads it before giving up on the generation, so no rank starts a new generation for it (the ranks
+would drift apart, each waiting for the others in another generation until the deadline). A rank still blocked in init
 (gloo's listener side waits about five times its timeout for a peer that can never connect) learns it from
 :class:`InitWatch`, a thread with its own store connection, and its caller raises it at once. The store host
 stays up until the others have read it, at most :data:`distinit._board.LINGER` s (the key is a
@@ -150,7 +150,7 @@ class GroupFormer:
         bound = to_timedelta(max(end - time.monotonic(), 1.0))
         store.set_timeout(bound)  # the store keeps this bound through the check (NCCL's lazy communicator)
         try:
-            with self._undone_on_failure(join, generation), self.watch.during(join.namespace, generation):
+            with self._undone_on_failure(join, generation), self.watch.during(join.init_verdict_key(generation)):
                 init_group(
                     self.backend,
                     store=dist.PrefixStore(join.prefix(generation), store),
@@ -394,11 +394,6 @@ WATCH_TIMEOUT = 5.0
 _Failure = (RuntimeError, OSError, ValueError)  # torch's DistError (torch 2.2+) is a RuntimeError
 
 
-def verdict_key(namespace: str, generation: int) -> str:
-    """The store key of ``generation``'s init verdict."""
-    return f"{namespace}g{generation}/init_verdict"
-
-
 def classify_init_failure(
     exc: BaseException, *, join: JoinProtocol, generation: int, env: DistEnv, hosting: bool
 ) -> RendezvousError | None:
@@ -406,7 +401,7 @@ def classify_init_failure(
 
     None means an ordinary failure: the caller abandons the generation and retries.
     """
-    board = Board(join.store, verdict_key(join.namespace, generation), rank=env.rank, world_size=env.world_size)
+    board = Board(join.store, join.init_verdict_key(generation), rank=env.rank, world_size=env.world_size)
     own = _own_verdict(exc, env=env, master=join.master, generation=generation)
     try:
         found = board.publish(_messages.verdict_to_json(own)) if own is not None else board.read()
@@ -465,13 +460,12 @@ class InitWatch:
         self.verdict: RendezvousError | None = None
 
     @contextlib.contextmanager
-    def during(self, namespace: str, generation: int) -> Iterator[None]:
-        """Watch ``generation``'s verdict key for the duration of the block."""
+    def during(self, key: str) -> Iterator[None]:
+        """Watch the init verdict at ``key`` (:meth:`JoinProtocol.init_verdict_key`) for the duration of the block."""
         if not self.enabled:
             yield
             return
         stop = threading.Event()
-        key = verdict_key(namespace, generation)
         thread = threading.Thread(
             target=self._run, args=(key, stop), name=f"distinit-init-watch-rank{self.env.rank}", daemon=True
         )

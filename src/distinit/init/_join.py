@@ -21,6 +21,14 @@ from clean keys (the generation is bumped through the store, first writer wins):
   unauthenticated (as torch's is): this stops garbage and stray writers, not a client that reads the token.
 * ``state/ack/<rank>``, ``state/seen`` -- the ranks that know the verdict (its writer included), so the store
   host can linger just long enough: ``state`` is a :class:`distinit._board.Board`.
+* ``init_verdict`` -- a verdict about ``init_process_group`` itself (gloo's loopback trap), a
+  :class:`distinit._board.Board` that :mod:`distinit.init._form` writes and watches at
+  :meth:`JoinProtocol.init_verdict_key`; ``pg/`` -- the process group's own keys (:meth:`JoinProtocol.prefix`).
+
+Only this module spells these keys: the attempt machine and the group former ask the join for them
+(:meth:`JoinProtocol.claimed`, :meth:`JoinProtocol.wait_for_state`, :meth:`JoinProtocol.init_verdict_key`), and
+when the store fails while this rank waits, the join says what that means (:meth:`JoinProtocol.store_failed`:
+:class:`HostSilent`, :class:`Frozen` or None) rather than how it beats.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
 from torch.distributed import Store
@@ -91,6 +100,29 @@ class Claimant:
         return f"{host} pid {pid}"
 
 
+@dataclass(frozen=True)
+class HostSilent:
+    """The store failed while this rank waited in an incomplete join with rank 0 in it: its host may be gone.
+
+    ``claimant``: rank 0 as ``host pid N`` (what the error names if the probes of its port find it gone).
+    """
+
+    claimant: str
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The store failed after this rank could not beat for longer than the loss bound: it was declared lost.
+
+    Rank 0 published that verdict about this rank and left; the verdict is about this rank, never rank 0.
+    ``claimant``: this rank as ``host pid N``; ``frozen_for`` and ``stale`` (the loss bound) in seconds.
+    """
+
+    claimant: str
+    frozen_for: float
+    stale: float
+
+
 class JoinProtocol:
     """Run the join protocol for one rank against one store (see the module docstring)."""
 
@@ -144,6 +176,25 @@ class JoinProtocol:
     def prefix(self, generation: int) -> str:
         """Prefix for the process group's own keys in ``generation``."""
         return self._key(generation, "pg")
+
+    def init_verdict_key(self, generation: int) -> str:
+        """The key of ``generation``'s init verdict (a :class:`~distinit._board.Board` of ``_form``'s)."""
+        return self._key(generation, "init_verdict")
+
+    def claimed(self, generation: int, rank: int) -> bool:
+        """Whether some process claimed ``rank`` in ``generation``."""
+        return self.store.check([self._key(generation, f"claim/{rank}")])
+
+    def wait_for_state(self, generation: int, end: float, *, stop: threading.Event | None = None) -> bool:
+        """Wait until ``generation``'s ``state`` is set (the world completed, or a verdict) or ``end``; True if set.
+
+        Polls at this world's pace (see :func:`wait_for_key`).
+
+        Raises:
+            Abandoned: ``stop`` was set.
+            RuntimeError: the store failed (torch's DistError, torch 2.2+).
+        """
+        return wait_for_key(self.store, self._key(generation, "state"), end, stop=stop, poll=self.pace.poll)
 
     def generation(self) -> int:
         """The current generation (created as 0 by the first rank to ask)."""
@@ -277,6 +328,23 @@ class JoinProtocol:
     def frozen_for(self, at: float | None = None) -> float | None:
         """How long this rank could not beat, if longer than the loss bound (see ``Heartbeat.frozen_for``)."""
         return self._heartbeat.frozen_for(at) if self._heartbeat is not None else None
+
+    def store_failed(self, at: float) -> HostSilent | Frozen | None:
+        """The store failed at ``at`` (monotonic): what that means for a rank waiting in this join.
+
+        :class:`Frozen`: this rank could not beat for longer than the loss bound up to ``at``, so rank 0 declared
+        it lost. :class:`HostSilent`: rank 0 is in the join, so its host may be gone (the caller probes its port).
+        Either way this rank stops beating. None: this rank does not wait in an incomplete join with rank 0 in it
+        (it keeps beating, if it beats): the attempts handle the failure as any other.
+        """
+        claimant = self.host_claimant
+        if not self.beating or claimant is None:
+            return None
+        frozen = self.frozen_for(at)
+        self.stop_beating()
+        if frozen is not None:
+            return Frozen(claimant=self.me.describe(self.me.encode()), frozen_for=frozen, stale=self.pace.stale)
+        return HostSilent(claimant=claimant)
 
     @property
     def beating(self) -> bool:

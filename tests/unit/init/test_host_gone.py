@@ -24,7 +24,7 @@ from torch.distributed import HashStore, Store, TCPStore
 from distinit._net import ProbeKind, ProbeResult, probe
 from distinit.errors import RankLostError
 from distinit.init._heartbeat import PROBE_EVERY, Heartbeat, host_gone
-from distinit.init._join import Claimant, JoinProtocol
+from distinit.init._join import Claimant, Frozen, HostSilent, JoinProtocol
 from distinit.init._policy import STALE, AttemptFailed, StoreSign, judge_store_host, store_sign
 from distinit.init._store import Master
 
@@ -268,6 +268,56 @@ def test_a_rank_that_joined_first_learns_rank_0_while_it_waits() -> None:
         assert rank1.host_claimant == "sim pid 10000"
     finally:
         host.stop_beating()
+
+
+# --------------------------------------------------------- what the join says when the store fails
+@contextlib.contextmanager
+def _joined(*ranks: int) -> Iterator[tuple[Store, list[JoinProtocol]]]:
+    """``ranks`` of a world of 3 entered generation 0 of one in-process store, in that order."""
+    store = cast(Store, HashStore())
+    joins = [_protocol(store, rank) for rank in ranks]
+    try:
+        for join in joins:
+            join.enter(0)
+        yield store, joins
+    finally:
+        for join in joins:
+            join.stop_beating()
+
+
+def test_a_store_failure_while_waiting_with_rank_0_points_at_its_host() -> None:
+    with _joined(0, 1) as (_, (_, rank1)):
+        assert rank1.beating
+        assert rank1.store_failed(time.monotonic()) == HostSilent(claimant="sim pid 10000")
+        assert not rank1.beating  # decided once: the join stopped beating
+        assert rank1.store_failed(time.monotonic()) is None
+
+
+def test_a_store_failure_after_a_freeze_past_the_loss_bound_is_about_this_rank() -> None:
+    with _joined(0, 1) as (_, (_, rank1)):
+        at = time.monotonic() + rank1.pace.stale + 1.0  # no beat for longer than the loss bound
+        seen = rank1.store_failed(at)
+        assert isinstance(seen, Frozen) and seen.claimant == "sim pid 10001" and seen.stale == rank1.pace.stale
+        assert seen.frozen_for > seen.stale and not rank1.beating
+
+
+def test_a_store_failure_without_rank_0_in_the_join_is_left_to_the_attempts() -> None:
+    with _joined(1) as (_, (rank1,)):
+        rank1.stop_beating()  # no heartbeat thread: it cannot learn of rank 0 behind this test's back
+        assert rank1.store_failed(time.monotonic()) is None  # not beating
+    with _joined(2, 1) as (_, (_, rank1)):
+        assert rank1.host_claimant is None
+        assert rank1.store_failed(time.monotonic()) is None and rank1.beating  # no rank 0 to name: beats on
+
+
+def test_the_join_spells_its_keys_for_the_attempts() -> None:
+    with _joined(0, 1) as (store, (host, rank1)):
+        assert rank1.claimed(0, 0) and rank1.claimed(0, 1) and not rank1.claimed(0, 2) and not rank1.claimed(1, 0)
+        assert not rank1.wait_for_state(0, time.monotonic() + 0.05)  # rank 2 is missing
+        rank2 = _protocol(store, 2)
+        rank2.enter(0)  # the last rank sets the state
+        assert rank1.wait_for_state(0, time.monotonic() + 5.0)
+        assert host.init_verdict_key(0) == "t/g0/init_verdict" and host.prefix(0) == "t/g0/pg"
 
 
 def test_a_freeze_is_counted_up_to_the_store_failure_not_to_the_decision() -> None:

@@ -190,22 +190,26 @@ def test_one_verdict_on_the_store_for_every_rank_and_none_on_one_host() -> None:
 
     from torch.distributed import HashStore
 
-    from distinit.init._form import classify_init_failure, verdict_key
+    from distinit.init._form import classify_init_failure
+    from distinit.init._join import JoinProtocol
+
+    def protocol(store: Any, namespace: str, master: str) -> JoinProtocol:
+        return JoinProtocol(store, namespace=namespace, rank=1, world_size=2, master=master, hosting=False)
 
     store = HashStore()
-    join: Any = SimpleNamespace(store=store, namespace="distinit/job/0/c1/", master="10.254.0.1:29500")
+    join = protocol(store, "distinit/job/0/c1/", "10.254.0.1:29500")
     connector = classify_init_failure(
         RuntimeError(CONNECTOR), join=join, generation=0, env=_world(rank=1), hosting=False
     )
     assert connector is not None and "a peer at 127.0.1.1:16799" in connector.what
     assert "only 1 of the 2 ranks run on this host" in connector.what and connector.rank == 1
-    assert store.check([verdict_key(join.namespace, 0)])
+    assert join.init_verdict_key(0) == "distinit/job/0/c1/g0/init_verdict" and store.check([join.init_verdict_key(0)])
     listener = classify_init_failure(
         RuntimeError(LISTENER), join=join, generation=0, env=_world(rank=0, local_rank=0), hosting=False
     )
     assert listener is not None and str(listener) == str(connector) and listener.rank == 0
-    assert store.add(f"{verdict_key(join.namespace, 0)}/seen", 0) == 2  # the board counts each reader once
-    other: Any = SimpleNamespace(store=HashStore(), namespace="n/", master="127.0.0.1:29500")
+    assert store.add(f"{join.init_verdict_key(0)}/seen", 0) == 2  # the board counts each reader once
+    other = protocol(HashStore(), "n/", "127.0.0.1:29500")
     one_host = _world(master_addr="127.0.0.1", local_world_size=2, local_rank=1)
     assert classify_init_failure(RuntimeError(CONNECTOR), join=other, generation=0, env=one_host, hosting=False) is None
     assert classify_init_failure(RuntimeError(LISTENER), join=other, generation=0, env=one_host, hosting=False) is None
