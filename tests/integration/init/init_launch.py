@@ -81,6 +81,22 @@ class Rank:
             time.sleep(0.02)
         return started.exists()
 
+    def exit_code(self, timeout: float) -> int:
+        """The rank's exit status, ``timeout`` s at most from when it reached its code (:meth:`wait_started`).
+
+        Counted from there, not from the launch: the interpreter's imports alone took over 30 s beside other
+        work, and a rank that was to crash in the join was still importing torch when a launch-based bound ended.
+        """
+        self.wait_started()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise AssertionError(
+                f"{self.name} still running after {timeout} s; log:\n{self.log.read_text()[-3000:]}"
+            ) from None
+
     def result(self, timeout: float) -> dict[str, Any]:
         """The rank's result, ``timeout`` s at most from when it reached its code (:meth:`wait_started`)."""
         self.wait_started()

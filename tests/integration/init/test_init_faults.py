@@ -74,8 +74,7 @@ def test_init_failure_retried_with_group_counter_reset_master_side(launcher: Lau
     kwargs = {"deadline": 40, "attempt_timeout": 4, "backoff": {"initial": 0.5, "jitter": 0.1}}
     master = launcher.start(0, 2, port, kwargs=kwargs)
     doomed = launcher.start(1, 2, port, kwargs=kwargs, mode="die_in_init", name="rank1-doomed")
-    doomed.proc.wait(timeout=30)
-    assert doomed.proc.returncode == 3
+    assert doomed.exit_code(30) == 3
     _wait_for_log(master, "failed in init", 30)  # restart only after rank 0's init attempt failed
     again = launcher.start(1, 2, port, kwargs=kwargs, name="rank1-again")
     res0, res1 = master.result(60), again.result(60)
@@ -91,8 +90,7 @@ def test_init_failure_retried_with_group_counter_reset_worker_side(launcher: Lau
     kwargs = {"deadline": 40, "attempt_timeout": 4, "backoff": {"initial": 0.5, "jitter": 0.1}}
     worker = launcher.start(1, 2, port, kwargs=kwargs)
     doomed = launcher.start(0, 2, port, kwargs=kwargs, mode="die_in_init", name="rank0-doomed")
-    doomed.proc.wait(timeout=30)
-    assert doomed.proc.returncode == 3
+    assert doomed.exit_code(30) == 3
     again = launcher.start(0, 2, port, kwargs=kwargs, name="rank0-again")
     res0, res1 = again.result(60), worker.result(60)
     assert res0["ok"] and res1["ok"], (res0, res1)
@@ -107,8 +105,7 @@ def test_rank_crashing_mid_join(launcher: Launcher, port: int, tmp_path: Path) -
     kwargs = {"deadline": 30, "attempt_timeout": 5, "backoff": {"initial": 0.5, "jitter": 0.1}}
     r0 = launcher.start(0, 3, port, kwargs=kwargs)
     crashing = launcher.start(1, 3, port, kwargs=kwargs, mode="die_in_join", name="rank1-crash")
-    crashing.proc.wait(timeout=30)
-    assert crashing.proc.returncode == 4
+    assert crashing.exit_code(30) == 4
     res0 = r0.result(30)
     assert res0["error"] == "RankLostError", res0
     assert res0["ranks"] == [1]
@@ -121,7 +118,7 @@ def test_rank_crashing_mid_join(launcher: Launcher, port: int, tmp_path: Path) -
     # Started (imports done) before the crash, released right after it: a launcher's prompt restart.
     restarted = launcher.start(1, 3, port2, kwargs=kwargs, name="rank1-restarted", extra={"after_file": str(go)})
     crashing = launcher.start(1, 3, port2, kwargs=kwargs, mode="die_in_join", name="rank1-crash-b")
-    crashing.proc.wait(timeout=30)
+    assert crashing.exit_code(30) == 4
     go.touch()
     r2 = launcher.start(2, 3, port2, kwargs=kwargs, name="rank2-b")
     results = [h.result(30) for h in (r0, restarted, r2)]
