@@ -89,7 +89,7 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
     import torch  # only now: a refused check above stays fast
     import torch.distributed as dist
 
-    from distinit.doctor import gather_json
+    from distinit.doctor import destroy_world, gather_json
     from distinit.init import init_with_retry
 
     env.export()
@@ -102,7 +102,7 @@ def check_world(env: DistEnv, *, timeout: float) -> dict[str, Any]:
         identity = [env.rank, env.local_rank, env.node_rank, socket.gethostname()[:200], os.getpid()]
         peers = gather_json(identity, world_size=env.world_size, timeout=timeout)
     finally:
-        dist.destroy_process_group()
+        destroy_world()
     return _judge(env, int(total.item()), peers)
 
 

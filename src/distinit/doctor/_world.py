@@ -11,7 +11,7 @@ from distinit._identity import HostIdentity, NodeLayout, group_ranks
 from distinit._identity import claim_of as rank_claim
 from distinit.doctor import _clock, _reach
 from distinit.doctor._consensus import consensus
-from distinit.doctor._exchange import gather_bytes
+from distinit.doctor._exchange import destroy_world, gather_bytes
 from distinit.doctor._listener import Listener
 from distinit.doctor._merge import bandwidth_check, excuse_loopback, merge_local, reach_check
 from distinit.doctor._model import Check, OnCheck, from_error
@@ -178,7 +178,7 @@ def leave_world(created: bool, *, stuck: bool = False) -> None:
     import torch.distributed as dist
 
     if created and not stuck and dist.is_initialized():
-        dist.destroy_process_group()
+        destroy_world()
 
 
 def skipped(ids: Sequence[str], why: str) -> list[Check]:
