@@ -1,5 +1,7 @@
 """The private torch internals that init and broadcast read, each feature-detected with a public fallback.
 
+It also holds the one public call whose keywords differ between supported torches (:func:`peer`).
+
 A leaf: it imports torch and nothing of ours. The rendezvous package has its own seam
 (``rendezvous/_torch.py``); ``tests/unit/test_torch_seam.py`` fails when a private torch name appears anywhere
 else. Every fallback is slower or less precise, never wrong and never a crash.
@@ -7,9 +9,11 @@ else. Every fallback is slower or less precise, never wrong and never a crash.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -119,3 +123,25 @@ def group_name(group: object) -> str | None:
     except TypeError:  # an unhashable argument
         return None
     return None if name is None else str(name)
+
+
+@functools.cache
+def _takes(function: str, parameter: str) -> bool:
+    """Whether ``torch.distributed.<function>`` has a keyword ``parameter`` (read once per process)."""
+    try:
+        return parameter in inspect.signature(getattr(dist, function)).parameters
+    except (AttributeError, TypeError, ValueError):  # no such function, or no signature to read
+        return False
+
+
+def peer(function: str, role: Literal["src", "dst"], rank: int, group: Any) -> dict[str, int]:
+    """The keyword that names group-local ``rank`` as ``role`` of ``torch.distributed.<function>``.
+
+    ``group_src``/``group_dst`` (a rank within ``group``) where this torch takes them (torch 2.6 added them to
+    ``broadcast``, ``isend`` and ``irecv``); else ``src``/``dst`` with the global rank, as older torches take
+    (``get_global_rank``; the default group's ranks are global already). Public names only: the same call on
+    every torch instead of ``TypeError: broadcast() got an unexpected keyword argument 'group_src'``.
+    """
+    if _takes(function, f"group_{role}"):
+        return {f"group_{role}": rank}
+    return {role: rank if group is None or group is dist.GroupMember.WORLD else dist.get_global_rank(group, rank)}

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distinit._torch import peer
 from distinit.broadcast import _header
 from distinit.broadcast._bounds import PROBLEM_OF_OP
 from distinit.broadcast._header import (
@@ -242,13 +243,16 @@ def tree_max(vector: torch.Tensor, *, group: Any, rank: int, group_size: int, wa
     step = 1
     while step < group_size:
         if rank % (2 * step) == step:
-            _step(functools.partial(dist.isend, vector, group=group, tag=TREE_TAG, group_dst=rank - step), wait_for)
+            to = peer("isend", "dst", rank - step, group)
+            _step(functools.partial(dist.isend, vector, group=group, tag=TREE_TAG, **to), wait_for)
             break
         if rank + step < group_size:
-            _step(functools.partial(dist.irecv, incoming, group=group, tag=TREE_TAG, group_src=rank + step), wait_for)
+            source = peer("irecv", "src", rank + step, group)
+            _step(functools.partial(dist.irecv, incoming, group=group, tag=TREE_TAG, **source), wait_for)
             torch.maximum(vector, incoming, out=vector)
         step *= 2
-    _step(functools.partial(dist.broadcast, vector, group=group, async_op=True, group_src=0), wait_for)
+    root = peer("broadcast", "src", 0, group)
+    _step(functools.partial(dist.broadcast, vector, group=group, async_op=True, **root), wait_for)
 
 
 def _step(start: Callable[[], Any], wait_for: timedelta | None) -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distinit._foreign import first_line
-from distinit._torch import foreach_copy
+from distinit._torch import foreach_copy, peer
 from distinit.broadcast import _header
 from distinit.broadcast._group import CallContext
 from distinit.broadcast._mismatch import rank_error, ranks_phrase, timeout_error
@@ -178,7 +178,7 @@ def copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
 
 def broadcast_bytes(buf: torch.Tensor, ctx: CallContext) -> Any:
     """Start an async broadcast of a uint8 buffer from the call's src; returns the work handle."""
-    return dist.broadcast(buf, group=ctx.group, group_src=ctx.src, async_op=True)
+    return dist.broadcast(buf, group=ctx.group, async_op=True, **peer("broadcast", "src", ctx.src, ctx.group))
 
 
 def wait_or_raise(work: Any, ctx: CallContext, phase: str) -> None:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from distinit._torch import peer
 from distinit.broadcast._group import CallContext
 from distinit.broadcast._transport import creator
 from distinit.broadcast._transport.pack import (
@@ -691,9 +692,9 @@ def _across_hosts(ctx: CallContext, route: Route, buf: torch.Tensor) -> None:
     leaders = [ranks[0] for ranks in route.hosts[1:]]  # hosts[0] is src's host
     wire = buf if ctx.comm_device.type == "cpu" else buf.to(ctx.comm_device)
     if ctx.rank == ctx.src:
-        works = [dist.isend(wire, group=ctx.group, group_dst=leader) for leader in leaders]
+        works = [dist.isend(wire, group=ctx.group, **peer("isend", "dst", leader, ctx.group)) for leader in leaders]
     elif ctx.rank in leaders:
-        works = [dist.irecv(wire, group=ctx.group, group_src=ctx.src)]
+        works = [dist.irecv(wire, group=ctx.group, **peer("irecv", "src", ctx.src, ctx.group))]
     else:
         return
     for work in works:
