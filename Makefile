@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # 9.2 it silently stops grouping (pytest-dev/pytest-xdist#1386). PYTEST_XDIST= runs one process.
 PYTEST_XDIST ?= -n 3
 
-.PHONY: all venv system demo prepare test test-stress flakes lint unit integration bench dist dist-check clean
+.PHONY: all venv system demo prepare test test-stress test-compat flakes lint unit integration bench dist dist-check clean
 
 all: test
 
@@ -90,6 +90,19 @@ test-stress: $(STAMP) system
 		$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST) -m "not alone" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q --durations=25 -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
+# The two-ended torch matrix (issue 35, docs/compat.md): for each torch in COMPAT_TORCH (the oldest supported,
+# the newest on the index), a venv .venv-torch-<version> with that torch and its dependencies from the index
+# (skipped while the venv's stamp names it), then distinit with the test extra; in it, tests/unit and the smoke
+# test tests/integration/compat, both -n 2. One line per (torch, step) with its verdict and seconds, every skip
+# with its reason; exit 1 on any failure (scripts/compat.py). Not part of `make test`. CI runs it on a fresh
+# clone as `make test-compat` (it needs python3 and PyPI, neither root nor a GPU): on 2 loaded cores each torch
+# took 6-8 min to download and install (the CUDA wheels: 5.4-5.8 GB per venv on disk), then 4-5 min of tests.
+# COMPAT_PIP_ARGS passes pip arguments (e.g. --index-url https://download.pytorch.org/whl/cpu: CPU wheels).
+COMPAT_TORCH ?= 2.4.1 2.14.1
+COMPAT_PIP_ARGS ?=
+test-compat:
+	$(PYTHON) scripts/compat.py $(COMPAT_TORCH) --pip-args "$(COMPAT_PIP_ARGS)" --pytest-args "$(PYTEST_ARGS)"
+
 # The flake finder: the integration tests FLAKE_ROUNDS times as test-stress runs them; every test that failed
 # at least once, with its failure text, in benchmarks/results/flakes.json.
 FLAKE_ROUNDS ?= 3
@@ -103,4 +116,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py; status=$$?; $(BIN)/python benchmarks/plot.py && exit $$status
 
 clean:
-	rm -rf $(VENV) $(DIST_VENV) dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DIST_VENV) .venv-torch-* dist .pytest_cache .mypy_cache .ruff_cache

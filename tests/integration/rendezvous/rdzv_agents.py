@@ -86,12 +86,17 @@ class Agents:
         env: Mapping[str, str] | None = None,
         prefix: Sequence[str] = (),
         script: Path = TRAIN,
+        torchrun: Sequence[str] = (str(TORCHRUN),),
     ) -> Agent:
-        """Start ``torchrun`` for ``script`` (:data:`TRAIN`) with these flags; output goes to ``<tmp>/<name>.log``."""
+        """Start ``torchrun`` for ``script`` (:data:`TRAIN`) with these flags; output goes to ``<tmp>/<name>.log``.
+
+        ``torchrun``: the command that runs torchrun (``[python, "-m", "distinit.rendezvous"]`` on a torch that
+        loads no ``torchrun.handlers`` entry point).
+        """
         log = self.tmp / f"{name}.log"
         command = [
             *prefix,
-            str(TORCHRUN),
+            *torchrun,
             f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc}",
             f"--rdzv-backend={backend}",
