@@ -85,6 +85,8 @@ FACE_EXTRAS: dict[str, dict[str, str]] = {
         "run_from_args": "the `distinit doctor` command: the CLI (distinit.cli) parses the arguments, the doctor runs",
         "gather_json": "`distinit env --check` (the CLI) gathers every rank's identity with the doctor's bounded, "
         "numpy-free exchange",
+        "destroy_world": "`distinit env --check` (the CLI) ends the gather's world the way the doctor does: the "
+        "gathers' works and tensors are held until the group is destroyed (torch 2.4's gloo deadlocked otherwise)",
     },
 }
 
