@@ -94,9 +94,9 @@ test-stress: $(STAMP) system
 # the newest on the index), a venv .venv-torch-<version> with that torch and its dependencies from the index
 # (skipped while the venv's stamp names it), then distinit with the test extra; in it, tests/unit and the smoke
 # test tests/integration/compat, both -n 2. One line per (torch, step) with its verdict and seconds, every skip
-# with its reason; exit 1 on any failure (scripts/compat.py). Not part of `make test`. CI runs it on a fresh
-# clone as `make test-compat` (it needs python3 and PyPI, neither root nor a GPU): on 2 loaded cores each torch
-# took 6-8 min to download and install (the CUDA wheels: 5.4-5.8 GB per venv on disk), then 4-5 min of tests.
+# with its reason; exit 1 on any failure (scripts/compat.py). Not part of `make test` (so not of .ci/run) yet:
+# on 2 loaded cores each torch took 6-8 min to download and install from PyPI (CUDA wheels, 5.4-5.8 GB per venv),
+# then 4-5 min of tests, about 21 min on a fresh machine; it needs python3 and PyPI, neither root nor a GPU.
 # COMPAT_PIP_ARGS passes pip arguments (e.g. --index-url https://download.pytorch.org/whl/cpu: CPU wheels).
 COMPAT_TORCH ?= 2.4.1 2.14.1
 COMPAT_PIP_ARGS ?=
