@@ -40,7 +40,12 @@ from pathlib import Path
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 AVOID_PORTS = {6817, 6818, 16817, 17001, 17002, 17003}
-PORT_RANGE = range(27100, 29900, 10)
+#: Below every port a job of the tests may pick: distinit's derived MASTER_PORTs (20000-32767,
+#: ``distinit._port.DERIVED_PORTS``), Lightning's Slurm default (15000 + the job id's last 4 digits), torch's 29500
+#: and the kernel's ephemeral range (32768-60999). It was 27100-29900: a derived port met the emulated node's
+#: slurmd (dnode2 on 27102), which accepts the store's connection and never answers, so ``slurm-het-component``'s
+#: rank 1 failed with "something is listening ... not a torch TCPStore" (a clean-clone run of issue 34).
+PORT_RANGE = range(8100, 9900, 10)
 DAEMONS = ("munged", "slurmctld", "slurmd")
 NODE_PREFIX = "dnode"
 

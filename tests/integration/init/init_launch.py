@@ -22,10 +22,12 @@ WORKER = Path(__file__).with_name("_worker.py")
 
 #: Ports :func:`free_port` hands out: below the kernel's ephemeral range (``ip_local_port_range``, 32768-60999
 #: by default), so no client socket's connect() and no bind(0) elsewhere takes one between our pick and the
-#: rank's bind; below the emulated Slurm cluster's (27100-29899, ``scripts/launchers/cluster.py``).
-PORTS = range(20000, 27000)
-#: Ports per pytest-xdist worker: gw0 starts at 20000, gw1 at 21000, ... (eight workers before they wrap).
-PORTS_PER_WORKER = 875
+#: rank's bind; below distinit's derived MASTER_PORTs (20000-32767), which the Slurm and MPI tests' jobs use beside
+#: these; below Lightning's Slurm default (15000 and up); above the emulated Slurm cluster's daemons (8100-9909,
+#: ``scripts/launchers/cluster.py``). tests/unit/test_cluster_ports.py checks that these ranges stay apart.
+PORTS = range(10000, 15000)
+#: Ports per pytest-xdist worker: gw0 starts at 10000, gw1 at 10600, ... (eight workers before they wrap).
+PORTS_PER_WORKER = 600
 _picked = itertools.count(random.randrange(PORTS_PER_WORKER))
 
 

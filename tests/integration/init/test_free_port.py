@@ -8,7 +8,7 @@ import init_launch
 import pytest
 
 
-@pytest.mark.parametrize(("worker", "first"), [("gw0", 20000), ("gw2", 21750), ("gw7", 26125), ("master", 20000)])
+@pytest.mark.parametrize(("worker", "first"), [("gw0", 10000), ("gw2", 11200), ("gw7", 14200), ("master", 10000)])
 def test_each_worker_walks_a_slice_of_its_own(monkeypatch: pytest.MonkeyPatch, worker: str, first: int) -> None:
     monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
     ports = [init_launch.free_port() for _ in range(50)]
