@@ -101,15 +101,7 @@ class Rank:
 
     def result(self, timeout: float) -> dict[str, Any]:
         """The rank's result, ``timeout`` s at most from when it reached its code (:meth:`wait_started`)."""
-        self.wait_started()
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            raise AssertionError(
-                f"{self.name} still running after {timeout} s; log:\n{self.log.read_text()[-3000:]}"
-            ) from None
+        self.exit_code(timeout)
         if not self.out.exists():
             raise AssertionError(
                 f"{self.name} exited {self.proc.returncode} without a result; log:\n{self.log.read_text()[-3000:]}"
