@@ -419,6 +419,11 @@ class Liveness:
                 self._hang_tick(seen)
                 if self._pause() or not dist.is_initialized():
                     # stopped, or the group was destroyed without teardown(): say so, then let go of its store
+                    if self._stop.is_set():
+                        # A verdict published while this rank could not read it is still its to log: a culprit
+                        # that was SIGSTOPped, then continued, finishes its collective and calls teardown() within
+                        # the beat it resumed in, so its next _hang_tick would never come.
+                        self._hear()
                     self.store.set(f"beat/{self.rank}", BYE)
                     return
         except (RuntimeError, OSError, ValueError, AttributeError) as exc:
