@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tests._zygote import popen
+
 WORKER = Path(__file__).with_name("via_worker.py")
 _STRIP = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GLOO_")
 _WORLD = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
@@ -43,6 +45,8 @@ def fake_host(shm_size: str) -> str:
 class Job:
     """One job's ranks; ``hosts`` lists rank groups and the /dev/shm size of each fake host (None: this host).
 
+    ``procs``: on this host (without ``after``) the ranks themselves (tests/_zygote.py); in a fake host, its shell.
+
     ``after``: a shell command each host's shell runs once its ranks exited (inside its fake host).
     """
 
@@ -64,6 +68,12 @@ class Job:
         argv = list(command or [sys.executable, str(WORKER), scenario])
         self.procs: list[subprocess.Popen[bytes]] = []
         for ranks, shm_size in hosts:
+            if shm_size is None and after is None:  # this host: one process per rank, each forked with torch in
+                for i, r in enumerate(ranks):
+                    with (tmp_path / f"rank{r}.out").open("wb") as out, (tmp_path / f"rank{r}.err").open("wb") as err:
+                        environ = {**base, "RANK": str(r), "LOCAL_RANK": str(i)}
+                        self.procs.append(popen(argv, env=environ, stdout=out, stderr=err))
+                continue
             starts = [
                 f"RANK={r} LOCAL_RANK={i} {shlex.join(argv)} >{tmp_path}/rank{r}.out 2>{tmp_path}/rank{r}.err &"
                 for i, r in enumerate(ranks)

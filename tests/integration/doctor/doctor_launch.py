@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests._zygote import popen
+
 DOCTOR = [sys.executable, "-m", "distinit.doctor"]
 _LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "NCCL_", "GLOO_", "TP_SOCKET")
 _WORLD = (
@@ -59,7 +61,7 @@ class Ranks:
         index = len(self.procs)
         out, err = self.tmp_path / f"rank{index}.out", self.tmp_path / f"rank{index}.err"
         with out.open("wb") as stdout, err.open("wb") as stderr:
-            proc = subprocess.Popen([*prefix, *DOCTOR, *args], env=environ, stdout=stdout, stderr=stderr)
+            proc = popen([*prefix, *DOCTOR, *args], env=environ, stdout=stdout, stderr=stderr)
         self.procs.append((proc, out, err))
 
     def results(self, timeout: float) -> list[tuple[int, dict[str, Any]]]:

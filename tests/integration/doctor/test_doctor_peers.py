@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from doctor_launch import DOCTOR, Ranks, check, rank_environ
+from tests._zygote import popen
 
 HOSTILE = str(Path(__file__).with_name("hostile_peer.py"))
 #: Each hostile rank's mode and the words its rank's verdict must carry (the real cause).
@@ -38,8 +39,8 @@ def test_hostile_peers_are_each_named_with_the_real_cause(ranks: Ranks, port: in
         for rank, mode in enumerate(MODES, start=2):
             with (tmp_path / f"hostile{rank}.out").open("wb") as out:
                 env = rank_environ(rank, world, port)
-                hostile.append(subprocess.Popen([sys.executable, HOSTILE, mode], env=env, stdout=out, stderr=out))
-        honest = subprocess.Popen(
+                hostile.append(popen([sys.executable, HOSTILE, mode], env=env, stdout=out, stderr=out))
+        honest = popen(
             [*DOCTOR, "--timeout", "90"],
             env=rank_environ(1, world, port),
             stdout=subprocess.PIPE,
@@ -76,7 +77,7 @@ def test_a_rank_lying_about_its_node_prints_the_worlds_verdict(ranks: Ranks, por
     """Rank 1 claims local rank 0 of node 0, which rank 0 holds: ``nodes`` names it, and it says FAILED."""
     alone = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
     ranks.start(rank_environ(0, 2, port, NODE_RANK="0", **alone), args=["--json", "--timeout", "60"])
-    liar = subprocess.Popen(
+    liar = popen(
         [*DOCTOR, "--timeout", "60"],
         env=rank_environ(1, 2, port, NODE_RANK="0", **alone),
         stdout=subprocess.PIPE,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from doctor_launch import DOCTOR, Ranks, check, clean_environ, in_uts, rank_environ
+from tests._zygote import popen
 
 from distinit.doctor._model import LOCAL_IDS
 from distinit.doctor._render import LINE_CHARS
@@ -137,9 +138,7 @@ def _doctors(
 ) -> tuple[list[subprocess.Popen[bytes]], list[tuple[bytes, bytes]]]:
     """Run one ``distinit doctor --timeout TIMEOUT`` per environment at once; (processes, (stdout, stderr))."""
     procs = [
-        subprocess.Popen(
-            [*DOCTOR, "--timeout", timeout], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd
-        )
+        popen([*DOCTOR, "--timeout", timeout], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
         for env in environs
     ]
     try:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests._zygote import popen
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "init"))
 from init_launch import free_port, uts_reason
@@ -63,11 +64,8 @@ def _start(
     if two:
         env["NODE_RANK"] = str(rank // 2)
     command = [sys.executable, str(WORKER), json.dumps({"dir": str(where), **spec})]
-    if two:
-        name = "import os, socket, sys; socket.sethostname(sys.argv[1].encode()); os.execv(sys.argv[2], sys.argv[2:])"
-        command = ["unshare", "--uts", sys.executable, "-S", "-c", name, hosts[rank], *command]
     with (where / f"rank{rank}.log").open("wb") as log:
-        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, hostname=hosts[rank] if two else None)
 
 
 def _wait_files(

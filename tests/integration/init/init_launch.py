@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests._zygote import popen
+
 WORKER = Path(__file__).with_name("_worker.py")
 
 
@@ -135,6 +137,7 @@ class Launcher:
         call_again: bool = False,
         extra: dict[str, Any] | None = None,
         unset: Sequence[str] = (),
+        hostname: str | None = None,
     ) -> Rank:
         name = name or f"rank{rank}-{len(self.ranks)}"
         out = self.tmp_path / f"{name}.json"
@@ -170,7 +173,7 @@ class Launcher:
             environ.pop(name, None)
         cmd = [*prefix, sys.executable, str(WORKER), json.dumps(spec), str(out)]
         with log.open("wb") as fh:
-            proc = subprocess.Popen(cmd, env=environ, stdout=fh, stderr=subprocess.STDOUT)
+            proc = popen(cmd, env=environ, stdout=fh, stderr=subprocess.STDOUT, hostname=hostname)
         handle = Rank(proc, out, log, name)
         self.ranks.append(handle)
         return handle

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from init_launch import free_port
+from tests._zygote import popen
 
 WORKER = Path(__file__).with_name("_after_setup_worker.py")
 
@@ -35,7 +36,7 @@ def _start(rank: int, world: int, port: int, where: Path, **spec: object) -> sub
     )
     log = (where / f"rank{rank}.log").open("wb")
     with log:
-        return subprocess.Popen(
+        return popen(
             [sys.executable, str(WORKER), json.dumps({"dir": str(where), **spec})],
             env=env,
             stdout=log,

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from init_launch import free_port
 from init_launch import uts_reason as _uts_available
+from tests._zygote import popen
 
 WORKER = Path(__file__).with_name("_after_setup_worker.py")
 HOSTS = ("hosta", "hosta", "hostb", "hostb")
@@ -47,12 +48,8 @@ def _start(rank: int, port: int, where: Path, hosts: tuple[str, ...], **spec: ob
         OMP_NUM_THREADS="1",
     )
     command = [sys.executable, str(WORKER), json.dumps({"dir": str(where), **spec})]
-    # unshare without --fork execs a Python that names the host (any bytes the kernel takes: hostname(1) refuses
-    # non-ASCII) and execs the rank's: the pid the test holds is the rank's.
-    name = "import os, socket, sys; socket.sethostname(sys.argv[1].encode()); os.execv(sys.argv[2], sys.argv[2:])"
-    uts = ["unshare", "--uts", sys.executable, "-S", "-c", name, hosts[rank]]
-    with (where / f"rank{rank}.log").open("wb") as log:
-        return subprocess.Popen([*uts, *command], env=env, stdout=log, stderr=subprocess.STDOUT)
+    with (where / f"rank{rank}.log").open("wb") as log:  # a UTS namespace of its own; the pid is the rank's
+        return popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, hostname=hosts[rank])
 
 
 def _wait_files(where: Path, name: str, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:

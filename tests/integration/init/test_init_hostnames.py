@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,18 +29,13 @@ pytestmark = [pytest.mark.skipif(_REASON is not None, reason=_REASON or ""), pyt
 
 #: The kernel's limit (__NEW_UTS_LEN): 64 bytes. torch's gloo reads the name into 64 bytes, its end included.
 LONGEST = "n" * 63 + "x"
-NAMING = "import os, socket, sys; socket.sethostname(sys.argv[1].encode()); os.execv(sys.argv[2], sys.argv[2:])"
-
-
-def _named(host: str) -> list[str]:
-    return ["unshare", "--uts", sys.executable, "-S", "-c", NAMING, host]
 
 
 def test_a_64_byte_host_name_fails_at_once_naming_the_fix_and_gloo_socket_ifname_works(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path)
     try:
         port = free_port()
-        ranks = [launcher.start(r, 2, port, kwargs={"deadline": 60}, prefix=_named(LONGEST)) for r in range(2)]
+        ranks = [launcher.start(r, 2, port, kwargs={"deadline": 60}, hostname=LONGEST) for r in range(2)]
         for res in (rank.result(60) for rank in ranks):
             assert not res["ok"] and res["error"] == "RendezvousError", res
             message = str(res["message"])
@@ -51,7 +45,7 @@ def test_a_64_byte_host_name_fails_at_once_naming_the_fix_and_gloo_socket_ifname
         port = free_port()
         env = {"GLOO_SOCKET_IFNAME": "lo"}
         ranks = [
-            launcher.start(r, 2, port, kwargs={"deadline": 60}, prefix=_named(LONGEST), env=env, name=f"ifname{r}")
+            launcher.start(r, 2, port, kwargs={"deadline": 60}, hostname=LONGEST, env=env, name=f"ifname{r}")
             for r in range(2)
         ]
         for res in (rank.result(90) for rank in ranks):

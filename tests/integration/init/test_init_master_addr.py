@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from init_launch import Launcher
+from tests._zygote import popen
 
 from distinit.init._thread import OVERRUN_GRACE
 
@@ -69,7 +70,7 @@ def test_dns_typo_gives_one_short_readable_error_per_rank(port: int) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
     env.update(WORLD_SIZE="2", MASTER_ADDR="no-such-host.invalid", MASTER_PORT=str(port), PYTHONWARNINGS="ignore")
     procs = [
-        subprocess.Popen(
+        popen(
             [sys.executable, "-c", SCRIPT],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"},
             stdout=subprocess.PIPE,

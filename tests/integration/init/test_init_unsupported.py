@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from init_launch import free_port
+from tests._zygote import popen
 
 WORKER = Path(__file__).with_name("_unsupported_worker.py")
 
@@ -29,7 +30,7 @@ class Ranks:
         out = self.tmp / f"rank{rank}.json"
         log = (self.tmp / f"rank{rank}.log").open("wb")
         cmd = [sys.executable, str(WORKER), mode, str(rank), str(world), str(port), str(out)]
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        self.procs.append(popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         return out
 
     def result(self, out: Path, timeout: float) -> dict[str, Any]:
