@@ -353,8 +353,10 @@ def _job(tmp_path: Path, scenario: str, world: int, hosts: Any = None) -> Any:
 
     meet = tmp_path / "meet"
     meet.mkdir(exist_ok=True)
+    # fresh: _rank_main registers its exit check before torch's first weakref.finalize (so it runs after their exit
+    # pass); in a process forked with torch already imported (tests/_zygote.py) it would run before it.
     return Job(tmp_path, scenario, hosts or [(range(world), None)], env={"VIA_MEET": str(meet)},
-               command=[sys.executable, __file__, scenario])  # fmt: skip
+               command=[sys.executable, __file__, scenario], fresh=True)  # fmt: skip
 
 
 @pytest.mark.timeout(180)

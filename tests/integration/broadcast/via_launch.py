@@ -46,6 +46,8 @@ class Job:
     """One job's ranks; ``hosts`` lists rank groups and the /dev/shm size of each fake host (None: this host).
 
     ``procs``: on this host (without ``after``) the ranks themselves (tests/_zygote.py); in a fake host, its shell.
+    ``fresh``: start every rank through a shell and a fresh interpreter, never forked with torch already imported
+    (a rank that must register an atexit handler before torch registers any).
 
     ``after``: a shell command each host's shell runs once its ranks exited (inside its fake host).
     """
@@ -59,6 +61,7 @@ class Job:
         env: dict[str, str] | None = None,
         command: Sequence[str] | None = None,
         after: str | None = None,
+        fresh: bool = False,
     ) -> None:
         self.tmp_path, self.port = tmp_path, free_port()
         self.world = sum(len(ranks) for ranks, _ in hosts)
@@ -68,7 +71,7 @@ class Job:
         argv = list(command or [sys.executable, str(WORKER), scenario])
         self.procs: list[subprocess.Popen[bytes]] = []
         for ranks, shm_size in hosts:
-            if shm_size is None and after is None:  # this host: one process per rank, each forked with torch in
+            if shm_size is None and after is None and not fresh:  # this host: a process per rank, forked with torch in
                 for i, r in enumerate(ranks):
                     with (tmp_path / f"rank{r}.out").open("wb") as out, (tmp_path / f"rank{r}.err").open("wb") as err:
                         environ = {**base, "RANK": str(r), "LOCAL_RANK": str(i)}
