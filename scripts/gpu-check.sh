@@ -43,8 +43,9 @@ tests=(
     tests/integration/broadcast/test_cuda_paths.py tests/integration/broadcast/test_tensor.py
     tests/integration/broadcast/test_digest_path.py tests/integration/doctor/test_doctor_nccl.py
     tests/integration/doctor/test_doctor_world.py tests/integration/testing/test_plugin_reports.py
+    tests/integration/doctor/test_doctor_progress_live.py
 )
-step tests-integration 150 $py -m pytest -p no:cacheprovider -q -rs "${tests[@]}"
+step tests-integration 180 $py -m pytest -p no:cacheprovider -q -rs "${tests[@]}"
 step bench-cuda 120 $py benchmarks/bench_cuda.py --out "$out"
 step scale-join 120 $py benchmarks/bench_scale.py --parts join --join 1024 2048 4096 --out "$out/scale"
 step doctor-nccl-1 60 torchrun --standalone --nproc-per-node=1 --no-python distinit doctor

@@ -1,11 +1,13 @@
-"""The ``doctor`` command line: options, what each rank prints, exit statuses."""
+"""The ``doctor`` command line: options, what each rank prints, exit statuses.
+
+Pure: ``python -m distinit.doctor`` run in a fresh process is tested in
+``tests/integration/doctor/test_doctor_cli_process.py``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -76,23 +78,6 @@ def test_human_lines_are_capped_and_json_keeps_everything() -> None:
     assert max(len(line) for line in text.splitlines()) <= LINE_CHARS
     assert "--json has it all" in text
     assert json.loads(output(report, as_json=True))["checks"][0]["summary"] == long
-
-
-@pytest.mark.timeout(60)
-def test_an_incomplete_environment_is_exit_two() -> None:
-    environ = {"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "RANK": "0"}
-    done = subprocess.run(
-        [sys.executable, "-m", "distinit.doctor", "--json", "--timeout", "20"],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
-    assert done.returncode == 2, done.stderr[-2000:]
-    report = json.loads(done.stdout)
-    env = report["checks"][0]
-    assert env["id"] == "env" and env["status"] == "fail" and "IncompleteEnvError" in env["summary"]
-    assert "WORLD_SIZE" in env["fix"]
 
 
 def test_public_face() -> None:

@@ -1,12 +1,12 @@
-"""Local checks against the real machine: interfaces, /dev/shm-like directories, limits, bounds, listeners."""
+"""Local checks against the real machine: interfaces, /dev/shm-like directories, limits, bounds.
+
+Nothing here starts a process or listens on a port: the stale entries of an exited process and the doctor's
+listener are tested in ``tests/integration/doctor/test_doctor_local_live.py``.
+"""
 
 from __future__ import annotations
 
-import errno
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,13 +14,10 @@ import pytest
 
 from distinit.doctor import run
 from distinit.doctor._bound import bounded
-from distinit.doctor._clock import measure
-from distinit.doctor._listener import Listener
 from distinit.doctor._local import check_limits, check_names
 from distinit.doctor._model import Check
-from distinit.doctor._reach import classify, probe, probe_all, transfer
 from distinit.doctor._route import check_route
-from distinit.doctor._shm import check_shm, stale_files
+from distinit.doctor._shm import check_shm
 from distinit.env import DistEnv
 
 WORLD = DistEnv(rank=0, local_rank=0, world_size=2, master_addr="127.0.0.1", master_port=29500, launcher="env")
@@ -99,23 +96,6 @@ def test_shm_free_space_below_what_nccl_needs_fails(tmp_path: Path) -> None:
     assert check_shm(local_world_size=1, shm=str(tmp_path / "missing")).status == "fail"
 
 
-def test_stale_segments_are_listed_and_live_ones_are_not(tmp_path: Path) -> None:
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=60
-    )
-    (tmp_path / "nccl-abandoned").write_bytes(b"x")
-    (tmp_path / f"torch_{dead.stdout.strip()}_1_0").write_bytes(b"x")
-    (tmp_path / f"torch_{os.getpid()}_1_0").write_bytes(b"x")
-    (tmp_path / "unrelated").write_bytes(b"x")
-    with open(tmp_path / "nccl-in-use", "wb") as held:
-        held.write(b"x")
-        held.flush()
-        stale = stale_files(str(tmp_path))
-    assert stale == ["nccl-abandoned", f"torch_{dead.stdout.strip()}_1_0"]
-    check = check_shm(local_world_size=1, shm=str(tmp_path))
-    assert check.status == "warn" and "nccl-abandoned" in check.summary
-
-
 def test_open_files_limit_against_the_world() -> None:
     assert check_limits(1).status == "pass"
     check = check_limits(10**7)
@@ -139,24 +119,6 @@ def test_a_hung_check_fails_within_its_bound_naming_what_it_waited_for() -> None
     assert check.status == "fail" and "waiting for the name resolver" in check.summary
     crashed = bounded("shm", lambda: 1 // 0, timeout=5, waiting_for="x")  # type: ignore[arg-type,return-value]
     assert crashed.status == "fail" and "ZeroDivisionError" in crashed.summary
-
-
-def test_listener_answers_ping_time_and_bulk_and_errors_are_classified() -> None:
-    listener = Listener("127.0.0.1")
-    try:
-        endpoint = ("127.0.0.1", listener.port)
-        assert probe(endpoint, timeout=2) is None
-        assert probe_all([endpoint, endpoint], timeout=2) == [None, None]
-        offset = measure(endpoint, timeout=2)
-        assert isinstance(offset, tuple) and abs(offset[0]) < 0.5
-        rate = transfer(endpoint, size_bytes=8 << 20, timeout=10)
-        assert isinstance(rate, float) and rate > 0
-    finally:
-        listener.close()
-    assert probe(endpoint, timeout=2) == "refused"
-    assert classify(TimeoutError()) == "timeout"
-    assert classify(OSError(errno.EHOSTUNREACH, "No route to host")) == "no route"
-    assert classify(OSError(errno.EACCES, "[pair.cc:1] Permission denied")) == "[pair.cc:1] Permission denied"
 
 
 def test_a_bad_environment_is_exit_two_and_names_why() -> None:

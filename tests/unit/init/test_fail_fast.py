@@ -1,11 +1,13 @@
 """Pure tests of the fail-fast diagnoses: lost ranks (heartbeat), oversized WORLD_SIZE, MASTER_ADDR mistakes,
-and the one readable error at the public boundary."""
+and the one readable error at the public boundary.
+
+The hosting check against this host's real sockets is in ``tests/integration/init/test_fail_fast_socket.py``.
+"""
 
 from __future__ import annotations
 
 import math
 import pickle
-import socket
 import threading
 import time
 
@@ -18,7 +20,6 @@ from distinit.init._api import readable
 from distinit.init._heartbeat import Heartbeat, Silent
 from distinit.init._policy import AttemptFailed
 from distinit.init._report import AttemptRecord, InitReport
-from distinit.init._store import Master, check_hosting_addr
 
 
 def test_rank_lost_verdict_travels_the_store_and_names_the_rank() -> None:
@@ -133,17 +134,6 @@ def test_incomplete_env_fix_in_the_launchers_own_way() -> None:
     with pytest.raises(IncompleteEnvError, match="MASTER_ADDR") as info:
         _loopback.check_master(master_addr=None, master_port=29500, world_size=2, rank=1, launcher="openmpi")
     assert "mpirun -x MASTER_ADDR=" in info.value.fix and "export" not in info.value.fix
-
-
-def test_hosting_check_accepts_this_host_and_refuses_another() -> None:
-    check_hosting_addr(Master(addr="127.0.0.1", port=0, rank=0), [(socket.AF_INET, "127.0.0.1")])
-    with socket.socket() as sock:  # a free port for the routing test
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    master = Master(addr="192.0.2.1", port=port, rank=0)
-    with pytest.raises(RendezvousError, match="is not an address of this host") as info:
-        check_hosting_addr(master, [(socket.AF_INET, "192.0.2.1")])
-    assert socket.gethostname() in str(info.value) and info.value.fix
 
 
 def test_readable_error_keeps_the_foreign_cause_and_drops_the_chain() -> None:

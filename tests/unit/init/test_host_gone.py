@@ -1,5 +1,6 @@
-"""Whether the store host (rank 0) left: the pure judgement, what each probe says, the probing loop, and who
-rank 0 is, known before its store can die (issue 34).
+"""Whether the store host (rank 0) left: the pure judgement, the sign of each probe result, the probing loop, and
+who rank 0 is, known before its store can die (issue 34). What real probes of real listeners (and of a real
+TCPStore) say is tested in ``tests/integration/init/test_host_gone_socket.py``.
 
 The flake behind these tests: a SIGKILLed process's kernel closes its established sockets before its listener,
 so right after a survivor's store call failed (reset or EOF), the first probe of the port was often accepted by
@@ -10,18 +11,14 @@ answers" and the survivors retried until the deadline instead of naming rank 0.
 from __future__ import annotations
 
 import contextlib
-import socket
-import struct
-import threading
 import time
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Iterator
 from typing import cast
 
 import pytest
-from torch.distributed import HashStore, Store, TCPStore
+from torch.distributed import HashStore, Store
 
-from distinit._net import ProbeKind, ProbeResult, probe
+from distinit._net import ProbeKind, ProbeResult
 from distinit.errors import RankLostError
 from distinit.init._heartbeat import PROBE_EVERY, Heartbeat, host_gone
 from distinit.init._join import Claimant, Frozen, HostSilent, JoinProtocol
@@ -78,71 +75,6 @@ def test_judge_store_host(seen: list[StoreSign], since_failure: float, verdict: 
 )
 def test_store_sign(kind: ProbeKind, detail: str, sign: StoreSign) -> None:
     assert store_sign(kind, detail) == sign
-
-
-# --------------------------------------------------------------- what real probes of real listeners say
-@contextlib.contextmanager
-def _serve(accept: Callable[[socket.socket], None]) -> Iterator[int]:
-    """A listener on a free port whose one connection ``accept`` handles in a thread."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        thread = threading.Thread(target=accept, args=(listener,), daemon=True)
-        thread.start()
-        yield listener.getsockname()[1]
-        thread.join(5)
-
-
-def _reset(listener: socket.socket) -> None:
-    conn, _ = listener.accept()
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends a reset
-    conn.close()
-
-
-def _eof(listener: socket.socket) -> None:
-    conn, _ = listener.accept()
-    conn.recv(64)
-    conn.close()
-
-
-def _sign_of(port: int, handshake_timeout: float = 2.0) -> StoreSign:
-    seen = probe("127.0.0.1", port, 5.0, handshake_timeout=handshake_timeout)
-    return store_sign(seen.kind, seen.detail)
-
-
-@pytest.mark.parametrize("accept", [_reset, _eof], ids=["reset", "eof"])
-def test_a_listener_that_drops_the_probe_is_absent(accept: Callable[[socket.socket], None]) -> None:
-    with _serve(accept) as port:
-        assert _sign_of(port) == "absent"
-
-
-def test_a_listener_that_closes_with_the_probe_in_its_backlog_is_absent() -> None:
-    """The dying store host: the kernel took the connection, then the listener closed (reset, or refused if the
-    probe came after)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    port = listener.getsockname()[1]
-    closer = threading.Timer(0.2, listener.close)
-    closer.start()
-    try:
-        assert _sign_of(port) == "absent"
-    finally:
-        closer.join()
-
-
-def test_a_listener_that_never_answers_is_unclear_and_a_closed_port_absent() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        port = listener.getsockname()[1]
-        assert _sign_of(port, handshake_timeout=0.2) == "unclear"
-    assert _sign_of(port) == "absent"
-
-
-def test_a_real_store_is_serving() -> None:
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
-    assert _sign_of(store.port) == "serving"
 
 
 # ------------------------------------------------------------------------------------------ the probing loop

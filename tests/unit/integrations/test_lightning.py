@@ -3,6 +3,9 @@
 Lightning builds its world in the Trainer's constructor: ``DDPStrategy.set_world_ranks`` calls
 ``set_global_rank(node_rank * devices + local_rank)`` and ``set_world_size(num_nodes * devices)``. So a
 Trainer built from one rank's environment shows the rank Lightning would train as.
+
+That the imports stay lazy and never touch ``mpi4py`` is checked in a fresh interpreter, in
+``tests/integration/integrations/test_lightning_process.py``.
 """
 
 from __future__ import annotations
@@ -10,10 +13,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,27 +200,3 @@ def test_detect_and_external_processes() -> None:
     assert DistinitEnvironment.detect() is True
     os.environ["OMPI_COMM_WORLD_RANK"] = "x"  # broken, but a launcher is there: constructing says what is wrong
     assert DistinitEnvironment.detect() is True
-
-
-@pytest.mark.timeout(60)
-def test_imports_stay_lazy_and_never_touch_mpi4py(tmp_path: Path) -> None:
-    # A fake mpi4py that records any import: Lightning's own MPIEnvironment imports it (and can hang, #20049).
-    (tmp_path / "mpi4py").mkdir()
-    (tmp_path / "mpi4py" / "__init__.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
-    script = textwrap.dedent(
-        f"""
-        import sys
-        import distinit, distinit.integrations
-        assert not {{"lightning", "pytorch_lightning", "torch"}} & set(sys.modules), sorted(sys.modules)
-        from distinit.integrations.lightning import DistinitEnvironment
-        from lightning.pytorch import Trainer
-        env = DistinitEnvironment({block(3)!r})
-        assert DistinitEnvironment.detect() is False
-        built = Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", plugins=[env], logger=False)
-        assert built.global_rank == 3
-        """
-    )
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=50)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert not (tmp_path / "imported").exists(), "mpi4py was imported"

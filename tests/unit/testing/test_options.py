@@ -1,9 +1,11 @@
-"""The plugin's settings: validated once, with where each came from; pytest-timeout's limit read publicly."""
+"""The plugin's settings: validated once, with where each came from; pytest-timeout's limit read publicly.
+
+That importing the plugin registers no exit hook is checked in a fresh interpreter, in
+``tests/integration/testing/test_options_process.py``.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -139,14 +141,3 @@ def test_pytest_timeout_precedence_is_marker_option_env_ini(
 def test_no_pytest_timeout_plugin_means_no_outer_limit() -> None:
     config = _config({"timeout": "5"}, timeout_plugin=False)
     assert outer_timeout_of(_item(config, _timeout_mark(3))) is None
-
-
-def test_importing_the_plugin_registers_nothing_at_exit() -> None:
-    code = (
-        "import atexit, logging, multiprocessing.connection, sys, distinit, pytest\n"
-        "before = atexit._ncallbacks()  # after the stdlib and pytest registered theirs\n"
-        "import distinit.testing, distinit.testing.plugin\n"
-        "sys.exit(atexit._ncallbacks() - before)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, f"{done.returncode} exit hook(s) registered at import; {done.stderr}"

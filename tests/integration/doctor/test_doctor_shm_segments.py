@@ -1,4 +1,7 @@
-"""The doctor's ``shm`` check and distinit's own broadcast entries: removed only when their creator is provably gone."""
+"""The doctor's ``shm`` check and distinit's own broadcast entries: removed only when their creator is provably gone.
+
+Each test starts a real child process (``cat``) and lets it exit: a creator that is provably gone.
+"""
 
 from __future__ import annotations
 
