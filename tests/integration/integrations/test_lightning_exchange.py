@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._zygote import popen
 
 pytest.importorskip("lightning")
 
@@ -62,7 +63,7 @@ def test_settings_compared_once_and_a_lost_rank_is_named(tmp_path: Path) -> None
             MASTER_PORT=str(port),
         )
         procs.append(
-            subprocess.Popen(
+            popen(
                 [sys.executable, str(script)], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path
             )
         )
