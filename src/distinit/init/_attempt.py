@@ -320,6 +320,7 @@ class Rendezvous:
                 since=failed_at,
                 end=self.deadline_at,
                 sleep=self.handover.sleep,
+                stale=seen.stale,  # the join's loss bound (a user's loss_bound too), not the module's 5 s
             )
         return None  # not waiting in an incomplete join with rank 0 in it: the attempts handle it
 

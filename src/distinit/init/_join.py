@@ -104,10 +104,12 @@ class Claimant:
 class HostSilent:
     """The store failed while this rank waited in an incomplete join with rank 0 in it: its host may be gone.
 
-    ``claimant``: rank 0 as ``host pid N`` (what the error names if the probes of its port find it gone).
+    ``claimant``: rank 0 as ``host pid N`` (what the error names if the probes of its port find it gone);
+    ``stale``: this join's loss bound in seconds, which the probes of its port take before they call it gone.
     """
 
     claimant: str
+    stale: float
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,7 @@ class JoinProtocol:
         self.stop_beating()
         if frozen is not None:
             return Frozen(claimant=self.me.describe(self.me.encode()), frozen_for=frozen, stale=self.pace.stale)
-        return HostSilent(claimant=claimant)
+        return HostSilent(claimant=claimant, stale=self.pace.stale)
 
     @property
     def beating(self) -> bool:

@@ -220,7 +220,9 @@ def _joined(*ranks: int) -> Iterator[tuple[Store, list[JoinProtocol]]]:
 def test_a_store_failure_while_waiting_with_rank_0_points_at_its_host() -> None:
     with _joined(0, 1) as (_, (_, rank1)):
         assert rank1.beating
-        assert rank1.store_failed(time.monotonic()) == HostSilent(claimant="sim pid 10000")
+        silent = rank1.store_failed(time.monotonic())
+        assert silent == HostSilent(claimant="sim pid 10000", stale=rank1.pace.stale)
+        assert silent.stale >= 5.0  # the join's loss bound, which host_gone's probes are given
         assert not rank1.beating  # decided once: the join stopped beating
         assert rank1.store_failed(time.monotonic()) is None
 
