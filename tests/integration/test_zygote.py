@@ -24,6 +24,9 @@ from tests._zygote import _plan, popen, uts_prefix
 PROGRAM = r"""
 import atexit, json, os, random, signal, socket, sys, threading, time
 mode = sys.argv[1]
+# A process started under a non-interactive shell's background job (`make test &`, CI runners) inherits SIGINT
+# ignored, and Python then installs no KeyboardInterrupt handler; the test sends SIGINT as a terminal would.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 facts = {"argv": sys.argv[1:], "path0": sys.path[0], "cwd": os.getcwd(), "var": os.environ.get("ZYGOTE_VAR"),
          "sid": os.getsid(0) == os.getpid(), "pgrp": os.getpgrp() == os.getpid(), "rand": random.random(),
          "main": __name__, "torch_loaded": "torch" in sys.modules, "host": socket.gethostname(), "pid": os.getpid()}
