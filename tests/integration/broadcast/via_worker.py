@@ -189,7 +189,9 @@ def inject(fault: str, rank: int) -> None:
 
 def meet(mine: str, theirs: str, timeout: float = 60.0) -> None:
     """Write marker ``mine`` (this pid) in MEET, then wait for ``theirs`` (bounded: a lost attacker fails the test)."""
-    (Path(MEET) / mine).write_text(str(os.getpid()))
+    part = Path(MEET) / f"{mine}.part"  # whole or not at all: a test polls for the name, then reads the pid
+    part.write_text(str(os.getpid()))
+    os.replace(part, Path(MEET) / mine)
     deadline = time.monotonic() + timeout
     while not (Path(MEET) / theirs).exists():
         if time.monotonic() > deadline:

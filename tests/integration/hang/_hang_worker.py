@@ -28,6 +28,14 @@ import torch.distributed as dist
 import distinit
 
 
+def _put(path: Path, text: str) -> None:
+    """Write ``text`` whole or not at all: the test polls for the name, then reads it (a bare write_text shows
+    the name before its bytes, and a reader in that gap got an empty file)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 class _Verdicts(logging.Handler):
     def __init__(self, where: Path) -> None:
         super().__init__()
@@ -37,9 +45,9 @@ class _Verdicts(logging.Handler):
         info = getattr(record, "distinit", {})
         path = self.where / f"verdict{info.get('rank')}.json"
         if info.get("event") == "hang.verdict" and not path.exists():
-            path.write_text(json.dumps({"at": record.created, "message": record.getMessage()}))
+            _put(path, json.dumps({"at": record.created, "message": record.getMessage()}))
         if info.get("event") == "hang.abort":
-            (self.where / f"abort{info.get('rank')}.json").write_text(json.dumps({"at": record.created}))
+            _put(self.where / f"abort{info.get('rank')}.json", json.dumps({"at": record.created}))
 
 
 def load_batch(spec: dict[str, object], rank: int) -> None:
@@ -75,7 +83,7 @@ def main() -> None:
         on_hang=spec.get("on_hang", "report"),
     )
     rank = result.env.rank
-    (where / f"ready{rank}").write_text(str(os.getpid()))
+    _put(where / f"ready{rank}", str(os.getpid()))
     end = time.monotonic() + 180
     while not (where / "go").exists():
         if time.monotonic() > end:
@@ -97,7 +105,7 @@ def main() -> None:
             steps += 1
             if done.item() > 0:
                 break
-        (where / f"steps{rank}").write_text(str(steps))
+        _put(where / f"steps{rank}", str(steps))
     elif mode == "subgroup":
         group = dist.new_group([0, 1, 2])  # every rank creates it; rank 3 is not in it
         if rank == spec["culprit"]:
@@ -105,11 +113,11 @@ def main() -> None:
         elif rank == 3:
             evaluate(float(spec["hold"]))
         else:
-            (where / f"entered{rank}").write_text(repr(time.time()))
+            _put(where / f"entered{rank}", repr(time.time()))
         if rank != 3:
             dist.all_reduce(tensor, group=group)
     elif mode == "desync":
-        (where / f"entered{rank}").write_text(repr(time.time()))
+        _put(where / f"entered{rank}", repr(time.time()))
         if rank < 2:
             dist.all_reduce(tensor)
         else:
@@ -118,7 +126,7 @@ def main() -> None:
         if rank == spec["culprit"]:
             load_batch(spec, rank)
         else:
-            (where / f"entered{rank}").write_text(repr(time.time()))
+            _put(where / f"entered{rank}", repr(time.time()))
         dist.all_reduce(tensor)
         assert tensor.item() == dist.get_world_size() ** 2, tensor
     distinit.teardown()

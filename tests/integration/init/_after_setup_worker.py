@@ -25,6 +25,14 @@ import torch.distributed as dist
 import distinit
 
 
+def _put(path: Path, text: str) -> None:
+    """Write ``text`` whole or not at all: the test polls for the name, then reads it (a bare write_text shows
+    the name before its bytes, and a reader in that gap got an empty file)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 class _Findings(logging.Handler):
     """Writes each finding distinit logs at exit (who went away) to ``finding<rank>.json``, with its time."""
 
@@ -39,7 +47,7 @@ class _Findings(logging.Handler):
         path = self.where / f"finding{info.get('rank')}.json"
         if info.get("event") in ("init.peer_closed", "init.own_failure", "init.peer_named") and not path.exists():
             line = {"rank": info["rank"], "at": record.created, "message": record.getMessage()}  # the first
-            path.write_text(json.dumps(line))
+            _put(path, json.dumps(line))
 
 
 def main() -> None:
@@ -62,7 +70,7 @@ def main() -> None:
         store = dist.PrefixStore("distinit", dist.distributed_c10d._get_default_store())
         store.set("lost", "\x1b[31mrank 2 did it\x00")
         store.set(f"who/{rank}", "hosta|4000000")
-    (where / f"ready{rank}").write_text(str(os.getpid()))
+    _put(where / f"ready{rank}", str(os.getpid()))
     if spec.get("mode") == "finish":
         # A normal end: every rank but 0 tears down and exits; rank 0 keeps working past the loss bound
         # (a final checkpoint), then tears down. Nobody was lost: no "stopped" warning may appear.
