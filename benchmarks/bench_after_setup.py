@@ -21,6 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration" / "init"))
+sys.path.insert(0, str(HERE.parent))  # the harness imports tests._zygote (the suite's fork server)
 
 import test_init_culprit as harness  # noqa: E402  (the tests' own harness, so both measure the same thing)
 

@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration" / "init"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # init_launch imports tests._zygote
 from init_launch import HoldingListener  # a foreign program on a port: accepts, never answers
 
 from _common import load_average, machine_facts
