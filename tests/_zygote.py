@@ -148,6 +148,23 @@ def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in env.items() if k in IMPORT_TIME or k.startswith(IMPORT_TIME_PREFIXES)))
 
 
+#: CPU seconds of the forked children this process has collected (the server reaps them, so they are missing
+#: from this process's ``RUSAGE_CHILDREN``); tests/conftest.py adds them to a test's CPU when asked to measure.
+_forked_cpu = [0.0]
+_forked_cpu_lock = threading.Lock()
+
+
+def forked_cpu() -> float:
+    """CPU seconds (user + system) of the forked children collected so far, with their own reaped children."""
+    with _forked_cpu_lock:
+        return _forked_cpu[0]
+
+
+def _count_cpu(seconds: float) -> None:
+    with _forked_cpu_lock:
+        _forked_cpu[0] += seconds
+
+
 _servers: dict[tuple[tuple[str, str], ...], _Server] = {}
 _servers_lock = threading.Lock()
 
@@ -276,7 +293,10 @@ class _ZygotePopen(subprocess.Popen):  # type: ignore[type-arg]
         self._zygote_status = None
         if not reply.startswith(b"exit "):  # the server is gone: say killed, never a success nobody saw
             return (self.pid, signal.SIGKILL)
-        return (self.pid, int(reply.split()[1]))
+        fields = reply.split()
+        if len(fields) > 2:
+            _count_cpu(float(fields[2]))
+        return (self.pid, int(fields[1]))
 
     def _internal_poll(self, _deadstate: Any = None, *_args: Any, **_kwargs: Any) -> int | None:
         if self.returncode is None:
@@ -338,15 +358,15 @@ def _serve(control_fd: int) -> None:
 def _reap(children: dict[int, socket.socket]) -> None:
     while True:
         try:
-            pid, sts = os.waitpid(-1, os.WNOHANG)
+            pid, sts, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
         conn = children.pop(pid, None)
         if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.send(b"exit %d" % sts)
+            with contextlib.suppress(OSError):  # the status, then the CPU seconds of the child and its reaped tree
+                conn.send(b"exit %d %.3f" % (sts, usage.ru_utime + usage.ru_stime))
             conn.close()
 
 
