@@ -11,13 +11,15 @@ and only as root. Each node declares more CPUs than the machine has
 (``SlurmdParameters=config_overrides``) so ``srun -n 4`` runs instead of queueing forever.
 
 Every process started is recorded in ``<workdir>/state.json`` (pid + command line) and stopped by
-pid, after checking that the pid still runs that command line. A ``munged`` this script did not
-start is never stopped; one it started is left running while other Slurm daemons on the machine
-(another session's cluster) still need it.
+pid, after checking that the pid still runs that command line. With ``owner`` (a pid: the test session),
+a guard process waits for that process to end (on a pidfd, not a clock) and then stops the cluster, so
+the daemons never outlive a session that was killed before its teardown ran (SIGTERM, a CI timeout).
+A ``munged`` this script did not start is never stopped; one it started is left running while other
+Slurm daemons on the machine (another session's cluster) still need it.
 
 Usage::
 
-    cluster.py start --workdir DIR [--nodes 3] [--cpus 8]   # prints the state as JSON
+    cluster.py start --workdir DIR [--nodes 3] [--cpus 8] [--owner PID]   # prints the state as JSON
     cluster.py stop --workdir DIR
 """
 
@@ -27,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -268,11 +271,19 @@ def _wait_idle(cluster: Cluster, timeout: float) -> None:
     raise RuntimeError(f"nodes not idle after {timeout} s; last sinfo: {last.strip()!r}")
 
 
-def start(workdir: Path, nodes: int = 3, cpus: int = 8, timeout: float = 60, first_job_id: int = 1) -> Cluster:
+def start(
+    workdir: Path,
+    nodes: int = 3,
+    cpus: int = 8,
+    timeout: float = 60,
+    first_job_id: int = 1,
+    owner: int | None = None,
+) -> Cluster:
     """Start munged (if needed), slurmctld and ``nodes`` slurmd daemons; return the cluster.
 
     Clusters running side by side need distinct ``first_job_id``s: distinit derives MASTER_PORT from
-    SLURM_JOB_ID, so two clusters' job 1 would meet on one port of this one host.
+    SLURM_JOB_ID, so two clusters' job 1 would meet on one port of this one host. With ``owner`` (a pid), a
+    guard stops the cluster when that process ends, whether or not it called :func:`stop`.
     """
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -294,11 +305,27 @@ def start(workdir: Path, nodes: int = 3, cpus: int = 8, timeout: float = 60, fir
             cmd = [_binary("slurmd"), "-D", "-N", n, "-f", str(conf)]
             cluster.procs.append(_spawn("slurmd", cmd, env, workdir / f"slurmd.{n}.out"))
             _save(cluster)
+        if owner is not None:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "guard", "--workdir", str(workdir)]
+            cluster.procs.append(_spawn("guard", [*cmd, "--owner", str(owner)], env, workdir / "guard.out"))
+            _save(cluster)
         _wait_idle(cluster, timeout)
     except BaseException:
         stop(workdir)
         raise
     return cluster
+
+
+def guard(workdir: Path, owner: int) -> None:
+    """Wait for process ``owner`` to end, then stop the cluster in ``workdir`` (this guard excepted)."""
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:  # already gone
+        pass
+    else:
+        select.select([fd], [], [])  # readable once the process has ended
+        os.close(fd)
+    stop(workdir)
 
 
 def _save(cluster: Cluster) -> None:
@@ -358,8 +385,10 @@ def stop(workdir: Path) -> None:
         cluster = load(workdir.resolve())
     except FileNotFoundError:
         return
-    order = {"slurmd": 0, "slurmctld": 1, "munged": 2}
+    order = {"guard": -1, "slurmd": 0, "slurmctld": 1, "munged": 2}
     for p in sorted(cluster.procs, key=lambda q: order.get(q.name, 0)):
+        if p.pid == os.getpid():  # the guard stopping the cluster it guards
+            continue
         if p.name == "munged" and _others_use_munge({q.pid for q in cluster.procs}):
             # Another cluster on this machine (a concurrent test session) authenticates through the
             # munged we started; stopping it would break that session. It keeps running.
@@ -382,16 +411,21 @@ def _others_use_munge(ours: set[int]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (start/stop/status)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["start", "stop", "status"])
+    parser.add_argument("action", choices=["start", "stop", "status", "guard"])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--cpus", type=int, default=8)
+    parser.add_argument("--owner", type=int, help="stop the cluster when this pid ends (start, guard)")
     args = parser.parse_args(argv)
     if args.action == "start":
-        cluster = start(args.workdir, args.nodes, args.cpus)
+        cluster = start(args.workdir, args.nodes, args.cpus, owner=args.owner)
         print(json.dumps(asdict(cluster), indent=1))
     elif args.action == "stop":
         stop(args.workdir)
+    elif args.action == "guard":
+        if args.owner is None:
+            parser.error("guard needs --owner")
+        guard(args.workdir, args.owner)
     else:
         cluster = load(args.workdir.resolve())
         for p in cluster.procs:

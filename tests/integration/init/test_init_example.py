@@ -83,7 +83,7 @@ def test_example_under_srun(tmp_path: Path) -> None:
         sys.path.pop(0)
     if os.geteuid() != 0 or cluster.missing_binaries():
         pytest.skip("the emulated Slurm cluster needs root and Slurm/munge installed (`make system`)")
-    started = cluster.start(tmp_path / "slurm")
+    started = cluster.start(tmp_path / "slurm", owner=os.getpid())
     try:
         done = subprocess.run(
             ["srun", "-K1", "-N2", "-n2", "-w", "dnode[1-2]", sys.executable, str(EXAMPLE), "--steps", "3"],

@@ -90,8 +90,12 @@ def _cluster_lock() -> Iterator[None]:
         yield
 
 
-def start_cluster(workdir: Path, nodes: int = 3) -> cluster.Cluster:
-    """Start an emulated Slurm cluster in WORKDIR, one start or stop on the machine at a time."""
+def start_cluster(workdir: Path, nodes: int = 3, owner: int | None = None) -> cluster.Cluster:
+    """Start an emulated Slurm cluster in WORKDIR, one start or stop on the machine at a time.
+
+    Its daemons end with process ``owner`` (default: this one) even when nobody calls :func:`stop_cluster`:
+    a session killed before its teardown (SIGTERM, a CI timeout) leaves no Slurm daemon behind.
+    """
     with _cluster_lock():
         try:
             first = int(NEXT_JOB_ID.read_text())
@@ -99,7 +103,7 @@ def start_cluster(workdir: Path, nodes: int = 3) -> cluster.Cluster:
             first = 1
         first = first if 0 < first < 60_000_000 else 1  # Slurm's MaxJobId is 67,043,328
         NEXT_JOB_ID.write_text(str(first + JOB_IDS_PER_CLUSTER))
-        return cluster.start(workdir, nodes=nodes, first_job_id=first)
+        return cluster.start(workdir, nodes=nodes, first_job_id=first, owner=owner or os.getpid())
 
 
 def stop_cluster(workdir: Path) -> None:
