@@ -8,7 +8,10 @@ as string literals) named outside ``env/`` by a module whose docstring gives no 
 each face binds outside its ``__all__`` (submodules and dunders aside) and which of them the allow-list
 ``FACE_EXTRAS`` of ``tests/unit/test_layering.py`` does not name with a reason (the same walk and list that test
 enforces), and test functions (read from ``tests/`` beside ``src``) with no ``assert``, no ``pytest.raises`` and
-no call to a helper that checks (one of the same file that does, read through, or an imported ``check*``/``assert*``).
+no call to a helper that checks (one of the same file that does, read through, or an imported ``check*``/``assert*``),
+and the join's store keys (``claim/``, ``beat/``, ``order/``, ``joined``, ``state``, ``init_verdict``, ...) spelled
+in a module of ``init/`` other than the one that owns the layout (``_join``; the scan and its owners live in
+``tests/unit/init/test_store_keys.py``, which enforces the same rule).
 
 Dynamic (a real 2-rank gloo world on loopback, one process per rank): ``distinit.setup()`` on the happy
 path runs under ``sys.setprofile``/``threading.setprofile``; every Python call whose callee lives in
@@ -170,6 +173,19 @@ def _layering() -> Any:
     return module
 
 
+def _store_keys_outside_owner(src: Path) -> list[str]:
+    """``module:line name``: a join key spelled outside its owner (``tests/unit/init/test_store_keys.py``'s scan)."""
+    spec = importlib.util.spec_from_file_location(
+        "distinit_store_key_rules", ROOT / "tests" / "unit" / "init" / "test_store_keys.py"
+    )
+    if spec is None or spec.loader is None:
+        raise RuntimeError("cannot load tests/unit/init/test_store_keys.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    found: list[str] = module.outside_owner(src / "distinit" / "init")
+    return found
+
+
 def _face_extras(src: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Per face: the names it binds outside ``__all__``, and those of them the allow-list does not name."""
     rules = _layering()
@@ -264,6 +280,7 @@ def static(src: Path) -> dict[str, Any]:
         "face_names_outside_all": extras,
         "face_names_not_allowed": unlisted,
         "tests_without_check": _tests_without_check(src.parent / "tests"),
+        "store_keys_outside_owner": _store_keys_outside_owner(src),
     }
 
 
@@ -356,6 +373,8 @@ def main() -> int:
     print(f"tests without a check: {len(s['tests_without_check'])}")
     for line in s["tests_without_check"]:
         print(f"  {line}")
+    keys = s["store_keys_outside_owner"]
+    print(f"join store keys spelled outside their owner (_join): {len(keys)} {keys}")
     for rank, d in report.get("dynamic", {}).items():
         print(
             f"{rank}: setup() entered {d['init_modules_entered']} init modules ({d['modules_entered']} in all); "

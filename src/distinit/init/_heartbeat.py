@@ -1,15 +1,18 @@
 """Liveness of joined ranks: a rank that joined and then stopped ends the rendezvous in seconds.
 
-While a rank waits in the join it beats ``g<generation>/beat/<rank>`` (``seq|wall clock``) every ``beat``
+While a rank waits in the join it beats its ``beat/<rank>`` key (``seq|wall clock``) every ``beat``
 s (:class:`~distinit.init._policy.Pace`: 1 s up to 1,000 ranks, longer above) from a daemon thread; the
 beat stops once the join completes or is given up. Rank 0 watches every joined rank (it learns them from
-``g<generation>/order/<n>``, written by the n-th joiner, so one watch costs a few round trips whatever the
+the ``order/<n>`` keys, written by the n-th joiner, so one watch costs a few round trips whatever the
 world size); the other ranks watch rank 0 (the store host under torchrun's agent store can outlive it). A
 beat that has not changed for ``stale`` s (5 s, or five beats when beats are longer), as seen by the
 watcher's own clock (no clock skew between hosts matters), means the rank died, was interrupted or froze:
 the watcher publishes a :class:`~distinit.errors.RankLostError` verdict, so every rank raises the same
 error naming it. Ranks that never arrived are not watched: they keep the late-worker patience of the
 deadline.
+
+The keys are the join's (:class:`distinit.init._join.Keys` spells them, one generation's, and the join hands
+them over as a :class:`BeatKeys`): this module spells no store key.
 
 Its parts: :class:`Heartbeat` (the beat and the watch while a rank waits in the join), :func:`follow_arrivals`
 (rank 0 learns who joined, in join order), and :func:`host_gone`: the store host (rank 0) died after this rank
@@ -23,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Protocol
 
 from torch.distributed import Store
 
@@ -34,6 +38,32 @@ from distinit.init._policy import BEAT, STALE, StoreSign, judge_store_host, stor
 from distinit.init._store import Master
 
 logger = logging.getLogger("distinit.init")
+
+
+class BeatKeys(Protocol):
+    """The join's keys the heartbeat reads and writes, for one generation.
+
+    The join owns the key layout: :class:`distinit.init._join.Keys` spells every key (this module, below
+    ``_join`` in the import order, spells none) and :meth:`distinit.init._join.JoinProtocol.keys` builds the
+    value handed here.
+    """
+
+    def beat(self, rank: int) -> str:
+        """The key ``rank`` beats while it waits in the join."""
+        ...
+
+    def claim(self, rank: int) -> str:
+        """The key holding ``rank``'s claimant (``host|pid|nonce``)."""
+        ...
+
+    def order(self, n: int) -> str:
+        """The key naming the ``n``-th rank to join (1-based)."""
+        ...
+
+    @property
+    def joined(self) -> str:
+        """The counter of joined ranks."""
+        ...
 
 
 class Silent:
@@ -61,13 +91,13 @@ class Heartbeat:
         self,
         store: Store,
         *,
-        prefix: str,
+        keys: BeatKeys,
         rank: int,
         lost: Callable[[Silent], None],
         beat: float = BEAT,
         stale: float = STALE,
     ) -> None:
-        self.store, self.prefix, self.rank = store, prefix, rank
+        self.store, self.keys, self.rank = store, keys, rank
         self._lost, self._beat_every, self._stale = lost, beat, stale
         self._seq = 0
         self._stop = threading.Event()
@@ -83,7 +113,7 @@ class Heartbeat:
     def beat(self) -> None:
         """Write one beat now (the first one is written before the rank counts as joined)."""
         self._seq += 1
-        self.store.set(f"{self.prefix}beat/{self.rank}", f"{self._seq}|{time.time():.3f}")
+        self.store.set(self.keys.beat(self.rank), f"{self._seq}|{time.time():.3f}")
         self.last_beat = time.monotonic()
 
     def frozen_for(self, at: float | None = None) -> float | None:
@@ -131,7 +161,7 @@ class Heartbeat:
         ranks = self._ranks()
         if not ranks:
             return None
-        values = self.store.multi_get([f"{self.prefix}beat/{r}" for r in ranks])
+        values = self.store.multi_get([self.keys.beat(r) for r in ranks])
         now = time.monotonic()
         for rank, value in zip(ranks, values, strict=True):
             before = self._seen.get(rank)
@@ -146,16 +176,16 @@ class Heartbeat:
     def _ranks(self) -> list[int]:
         """The ranks to watch: every joined rank (rank 0), else rank 0 once it joined."""
         if self.rank != 0:
-            if not self._known and self.store.check([f"{self.prefix}beat/0"]):
-                claim = self.store.get(f"{self.prefix}claim/0")  # written before its first beat
+            if not self._known and self.store.check([self.keys.beat(0)]):
+                claim = self.store.get(self.keys.claim(0))  # written before its first beat
                 self.host_claim = claim.decode(errors="replace") if isinstance(claim, bytes) else str(claim)
                 self._known.append(0)
             return self._known
-        follow_arrivals(self.store, self.prefix, self._known)
+        follow_arrivals(self.store, self.keys, self._known)
         return [r for r in self._known if r != self.rank]
 
 
-def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
+def follow_arrivals(store: Store, keys: BeatKeys, known: list[int]) -> None:
     """Append to ``known`` (ranks in join order) the ranks that joined since it was last followed.
 
     Reads the ``joined`` counter, then the new ``order/<n>`` entries in one ``check`` and one ``multi_get``,
@@ -166,19 +196,19 @@ def follow_arrivals(store: Store, prefix: str, known: list[int]) -> None:
         RendezvousError: an order entry is not a rank number: something other than distinit writes to this
             store (only distinit's join writes these keys), so no arrival it records can be trusted.
     """
-    joined = store.add(f"{prefix}joined", 0)
-    keys = [f"{prefix}order/{n}" for n in range(len(known) + 1, joined + 1)]
-    if keys and not store.check(keys):
+    joined = store.add(keys.joined, 0)
+    entries = [keys.order(n) for n in range(len(known) + 1, joined + 1)]
+    if entries and not store.check(entries):
         ready = 0
-        while ready < len(keys) and store.check([keys[ready]]):
+        while ready < len(entries) and store.check([entries[ready]]):
             ready += 1
-        keys = keys[:ready]
-    if keys:
-        values = store.multi_get(keys)
-        bad = next((k for k, v in zip(keys, values, strict=True) if not v.isdigit()), None)
+        entries = entries[:ready]
+    if entries:
+        values = store.multi_get(entries)
+        bad = next((k for k, v in zip(entries, values, strict=True) if not v.isdigit()), None)
         if bad is not None:
             raise RendezvousError(
-                f"the store's join key {bad} holds {bytes(values[keys.index(bad)])[:40]!r}, not a rank number",
+                f"the store's join key {bad} holds {bytes(values[entries.index(bad)])[:40]!r}, not a rank number",
                 why="only distinit's join writes these keys: another program writes to this rendezvous's store.",
                 fix="stop the program writing to MASTER_PORT's store, or pick another port for this job.",
             )

@@ -25,7 +25,9 @@ from clean keys (the generation is bumped through the store, first writer wins):
   :class:`distinit._board.Board` that :mod:`distinit.init._form` writes and watches at
   :meth:`JoinProtocol.init_verdict_key`; ``pg/`` -- the process group's own keys (:meth:`JoinProtocol.prefix`).
 
-Only this module spells these keys: the attempt machine and the group former ask the join for them
+Only this module spells these keys (:class:`Keys`, one generation's layout, built by :meth:`JoinProtocol.keys`;
+``tests/unit/init/test_store_keys.py`` checks that no other module of ``init`` spells one): the heartbeat is handed
+a :class:`Keys`, and the attempt machine and the group former ask the join for them
 (:meth:`JoinProtocol.claimed`, :meth:`JoinProtocol.wait_for_state`, :meth:`JoinProtocol.init_verdict_key`), and
 when the store fails while this rank waits, the join says what that means (:meth:`JoinProtocol.store_failed`:
 :class:`HostSilent`, :class:`Frozen` or None) rather than how it beats.
@@ -125,6 +127,62 @@ class Frozen:
     stale: float
 
 
+@dataclass(frozen=True)
+class Keys:
+    """One generation's keys on the store: the single place the join's key layout is spelled.
+
+    ``root`` is ``<namespace>g<generation>/``; every key of the module docstring's list is ``root`` plus its
+    name. :meth:`JoinProtocol.keys` builds it; the heartbeat (:mod:`distinit.init._heartbeat`, below this
+    module in the import order) is handed one and reads its keys through it (its ``BeatKeys`` protocol), so
+    no other module spells a join key. The strings are the wire format: ranks of one distinit version read
+    each other's keys, so they never change within a version.
+    """
+
+    root: str
+
+    def claim(self, rank: int) -> str:
+        """``claim/<rank>``: ``host|pid|nonce`` of the process that claimed ``rank``."""
+        return f"{self.root}claim/{rank}"
+
+    def beat(self, rank: int) -> str:
+        """``beat/<rank>``: ``seq|wall clock``, the rank's liveness while it waits in the join."""
+        return f"{self.root}beat/{rank}"
+
+    def order(self, n: int) -> str:
+        """``order/<n>``: the rank that was the ``n``-th (1-based) to join."""
+        return f"{self.root}order/{n}"
+
+    @property
+    def joined(self) -> str:
+        """``joined``: the counter of joined ranks."""
+        return f"{self.root}joined"
+
+    @property
+    def world_size(self) -> str:
+        """``world_size``: ``size|rank|claimant`` of the first rank to record one (first writer wins)."""
+        return f"{self.root}world_size"
+
+    @property
+    def missing(self) -> str:
+        """``missing``: the ranks not joined yet, as ranges, published by rank 0."""
+        return f"{self.root}missing"
+
+    @property
+    def state(self) -> str:
+        """``state``: ``ok`` or the verdict (a :class:`~distinit._board.Board`)."""
+        return f"{self.root}state"
+
+    @property
+    def init_verdict(self) -> str:
+        """``init_verdict``: the verdict about ``init_process_group`` itself (a Board of ``_form``'s)."""
+        return f"{self.root}init_verdict"
+
+    @property
+    def pg(self) -> str:
+        """``pg``: the prefix of the process group's own keys."""
+        return f"{self.root}pg"
+
+
 class JoinProtocol:
     """Run the join protocol for one rank against one store (see the module docstring)."""
 
@@ -172,20 +230,26 @@ class JoinProtocol:
         self._next_host_look = 0.0
 
     # keys -----------------------------------------------------------------------------------------
-    def _key(self, generation: int, name: str) -> str:
-        return f"{self.namespace}g{generation}/{name}"
+    def keys(self, generation: int) -> Keys:
+        """``generation``'s keys (the layout of the module docstring)."""
+        return Keys(f"{self.namespace}g{generation}/")
+
+    @property
+    def _generation_key(self) -> str:
+        """The call's generation counter, ``<namespace>generation`` (outside every generation's keys)."""
+        return f"{self.namespace}generation"
 
     def prefix(self, generation: int) -> str:
         """Prefix for the process group's own keys in ``generation``."""
-        return self._key(generation, "pg")
+        return self.keys(generation).pg
 
     def init_verdict_key(self, generation: int) -> str:
         """The key of ``generation``'s init verdict (a :class:`~distinit._board.Board` of ``_form``'s)."""
-        return self._key(generation, "init_verdict")
+        return self.keys(generation).init_verdict
 
     def claimed(self, generation: int, rank: int) -> bool:
         """Whether some process claimed ``rank`` in ``generation``."""
-        return self.store.check([self._key(generation, f"claim/{rank}")])
+        return self.store.check([self.keys(generation).claim(rank)])
 
     def wait_for_state(self, generation: int, end: float, *, stop: threading.Event | None = None) -> bool:
         """Wait until ``generation``'s ``state`` is set (the world completed, or a verdict) or ``end``; True if set.
@@ -196,15 +260,15 @@ class JoinProtocol:
             Abandoned: ``stop`` was set.
             RuntimeError: the store failed (torch's DistError, torch 2.2+).
         """
-        return wait_for_key(self.store, self._key(generation, "state"), end, stop=stop, poll=self.pace.poll)
+        return wait_for_key(self.store, self.keys(generation).state, end, stop=stop, poll=self.pace.poll)
 
     def generation(self) -> int:
         """The current generation (created as 0 by the first rank to ask)."""
-        return int(text(self.store.compare_set(f"{self.namespace}generation", "", "0")))
+        return int(text(self.store.compare_set(self._generation_key, "", "0")))
 
     def abandon(self, generation: int) -> None:
         """Move every rank on to ``generation + 1`` (no-op if someone already did)."""
-        key = f"{self.namespace}generation"
+        key = self._generation_key
         self.store.compare_set(key, str(generation), str(generation + 1))
 
     def _get_now(self, key: str) -> str | None:
@@ -223,7 +287,7 @@ class JoinProtocol:
         """
         if generation in self._entered:
             return
-        state = self._get_now(self._key(generation, "state"))
+        state = self._get_now(self.keys(generation).state)
         if state is not None and state != "ok":
             if self._genuine(generation, state):
                 raise self._read_verdict(generation, state)
@@ -231,7 +295,7 @@ class JoinProtocol:
             state = None
         formed = state == "ok"  # a world that formed before this process came: a conflict is another job's
         self._agree(generation, formed=formed)
-        claim_key = self._key(generation, f"claim/{self.rank}")
+        claim_key = self.keys(generation).claim(self.rank)
         me = self.me.encode()
         # A resumed namespace may hold our own claim from the interrupted call before: counted then already.
         claimed_before = self.resumed and self.store.check([claim_key])
@@ -269,7 +333,7 @@ class JoinProtocol:
     def _agree(self, generation: int, *, formed: bool) -> None:
         """Record this world size, or refuse another one recorded first."""
         mine = f"{self.world_size}|{self.rank}|{self.me.encode()}"
-        recorded = text(self.store.compare_set(self._key(generation, "world_size"), "", mine))
+        recorded = text(self.store.compare_set(self.keys(generation).world_size, "", mine))
         self._tokens[generation] = _digest(recorded)
         if recorded == mine:
             return
@@ -296,9 +360,10 @@ class JoinProtocol:
             # Before the first beat: a rank seen joined knows rank 0 if rank 0 had claimed by then (else the wait
             # looks again), so it can name rank 0 should its store die while this rank waits.
             self._look_for_host(generation)
+        keys = self.keys(generation)
         heartbeat = Heartbeat(
             self.store,
-            prefix=self._key(generation, ""),
+            keys=keys,
             rank=self.rank,
             lost=lambda silent: self._publish_lost(generation, silent),
             beat=self.pace.beat,
@@ -306,10 +371,10 @@ class JoinProtocol:
         )
         heartbeat.beat()  # before counting: whoever learns of this rank finds its beat
         if not counted:
-            position = self.store.add(self._key(generation, "joined"), 1)
-            self.store.set(self._key(generation, f"order/{position}"), str(self.rank))
+            position = self.store.add(keys.joined, 1)
+            self.store.set(keys.order(position), str(self.rank))
             if position >= self.world_size:
-                self.store.compare_set(self._key(generation, "state"), "", "ok")
+                self.store.compare_set(keys.state, "", "ok")
                 return  # the last rank to join has nobody left to wait for
         self._heartbeat = heartbeat
         heartbeat.start()
@@ -376,7 +441,7 @@ class JoinProtocol:
             AttemptFailed: (kind ``join``) not all ranks joined in time; names the missing ranks.
             RendezvousError: a verdict was published (the same on every rank).
         """
-        key = self._key(generation, "state")
+        key = self.keys(generation).state
         now = time.monotonic()
         end = now + max(timeout, 0.0)
         if self._waiting_since is None:
@@ -424,24 +489,24 @@ class JoinProtocol:
         missing = self._published_missing(generation)
         if missing is None:
             arrived: list[int] = []
-            follow_arrivals(self.store, self._key(generation, ""), arrived)
+            follow_arrivals(self.store, self.keys(generation), arrived)
             missing = _absent(arrived, self.world_size)
         self._note(len(missing))
         return missing
 
     def _follow(self, generation: int) -> list[int]:
         """Rank 0: read the new arrivals and publish the missing ranks if they changed; the missing ranks."""
-        follow_arrivals(self.store, self._key(generation, ""), self._arrived)
+        follow_arrivals(self.store, self.keys(generation), self._arrived)
         missing = _absent(self._arrived, self.world_size)
         if self._published != len(self._arrived):
-            self.store.set(self._key(generation, "missing"), encode_ranks(missing))
+            self.store.set(self.keys(generation).missing, encode_ranks(missing))
             self._published = len(self._arrived)
         self._note(len(missing))
         return missing
 
     def _published_missing(self, generation: int) -> list[int] | None:
         """The missing ranks rank 0 published (one key), or None if it published none (or a bad value)."""
-        published = self._get_now(self._key(generation, "missing"))
+        published = self._get_now(self.keys(generation).missing)
         if published is None:
             return None
         try:
@@ -480,7 +545,7 @@ class JoinProtocol:
         if self._host_claim is not None or now < self._next_host_look:
             return
         self._next_host_look = now + self.pace.beat
-        self._host_claim = self._get_now(self._key(generation, "claim/0"))
+        self._host_claim = self._get_now(self.keys(generation).claim(0))
 
     def _progress(self, generation: int) -> None:
         """The rate-limited progress record: rank 0's own view, else what rank 0 published (one read)."""
@@ -494,7 +559,7 @@ class JoinProtocol:
             self._note(len(missing))
             _log_waiting(self, generation, missing=missing, waited=waited)
             return
-        joined = self.store.add(self._key(generation, "joined"), 0)  # rank 0 has not published: a count
+        joined = self.store.add(self.keys(generation).joined, 0)  # rank 0 has not published: a count
         self._note(self.world_size - joined)
         _log_count(self, generation, joined=joined, waited=waited)
 
@@ -517,7 +582,7 @@ class JoinProtocol:
         """``generation``'s token: a digest of its first world-size record (every entered rank read it)."""
         token = self._tokens.get(generation)
         if token is None:
-            recorded = self._get_now(self._key(generation, "world_size"))
+            recorded = self._get_now(self.keys(generation).world_size)
             if recorded is None:
                 return ""  # nobody agreed on a world size yet: no verdict can exist
             token = self._tokens[generation] = _digest(recorded)
@@ -529,7 +594,7 @@ class JoinProtocol:
 
     def _clear_forged(self, generation: int, state: str) -> None:
         """Refuse a state value no rank of this group wrote: log it, remove it, restore ``ok`` if complete."""
-        key = self._key(generation, "state")
+        key = self.keys(generation).state
         logger.warning(
             "rank %d: refused %r in the rendezvous state key %s: not a verdict of this group (no generation token "
             "or writer rank); something other than this job's ranks writes to the store at %s",
@@ -540,12 +605,12 @@ class JoinProtocol:
             extra={"distinit": {"event": "init.forged_state", "rank": self.rank, "generation": generation}},
         )
         self.store.delete_key(key)
-        if self.store.add(self._key(generation, "joined"), 0) >= self.world_size:
+        if self.store.add(self.keys(generation).joined, 0) >= self.world_size:
             self.store.compare_set(key, "", "ok")
 
     def _board(self, generation: int) -> Board:
         """``generation``'s ``state`` key as the verdict board."""
-        return Board(self.store, self._key(generation, "state"), rank=self.rank, world_size=self.world_size)
+        return Board(self.store, self.keys(generation).state, rank=self.rank, world_size=self.world_size)
 
     def _put_state(self, generation: int, verdict: str) -> str:
         """Publish ``verdict`` as the state (first writer wins; a forged value is refused first): the state now."""
@@ -576,7 +641,7 @@ class JoinProtocol:
 
     def _publish_lost(self, generation: int, silent: Silent) -> None:
         """The heartbeat thread saw ``silent.rank`` stop: publish the verdict (first writer wins)."""
-        who = self._get_now(self._key(generation, f"claim/{silent.rank}"))
+        who = self._get_now(self.keys(generation).claim(silent.rank))
         verdict = _messages.rank_lost(
             rank=silent.rank,
             claimant=Claimant.describe(who) if who else "an unknown process",
@@ -615,7 +680,7 @@ class JoinProtocol:
             return
         lost = isinstance(verdict, RankLostError)
         absent = len(verdict.ranks) if lost else 0
-        joined_key = self._key(generation, "joined")
+        joined_key = self.keys(generation).joined
 
         def settled(seen: int) -> bool:
             return seen >= self.store.add(joined_key, 0) - absent

@@ -18,6 +18,7 @@ from distinit.errors import IncompleteEnvError, MalformedEnvError, PortInUseErro
 from distinit.init import _loopback, _messages
 from distinit.init._api import readable
 from distinit.init._heartbeat import Heartbeat, Silent
+from distinit.init._join import Keys
 from distinit.init._policy import AttemptFailed
 from distinit.init._report import AttemptRecord, InitReport
 
@@ -59,8 +60,8 @@ def test_watcher_names_the_joined_rank_that_stopped_beating_and_not_the_live_one
     _joined(store, prefix, 0, 1)
     _joined(store, prefix, 1, 2)  # beats once, then never again
     _joined(store, prefix, 2, 3)
-    live = Heartbeat(store, prefix=prefix, rank=2, lost=lambda s: None, beat=0.05, stale=0.4)
-    watcher = Heartbeat(store, prefix=prefix, rank=0, lost=on_lost, beat=0.05, stale=0.4)
+    live = Heartbeat(store, keys=Keys(prefix), rank=2, lost=lambda s: None, beat=0.05, stale=0.4)
+    watcher = Heartbeat(store, keys=Keys(prefix), rank=0, lost=on_lost, beat=0.05, stale=0.4)
     live.start()
     started = time.monotonic()
     watcher.start()
@@ -77,7 +78,7 @@ def test_watcher_names_the_joined_rank_that_stopped_beating_and_not_the_live_one
 @pytest.mark.timeout(20)
 def test_stopped_heartbeat_stops_beating() -> None:
     store, prefix = HashStore(), "ns/g0/"
-    beat = Heartbeat(store, prefix=prefix, rank=3, lost=lambda s: None, beat=0.02)
+    beat = Heartbeat(store, keys=Keys(prefix), rank=3, lost=lambda s: None, beat=0.02)
     beat.beat()
     beat.start()
     time.sleep(0.2)

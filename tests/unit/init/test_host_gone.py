@@ -21,7 +21,7 @@ from torch.distributed import HashStore, Store
 from distinit._net import ProbeKind, ProbeResult
 from distinit.errors import RankLostError
 from distinit.init._heartbeat import PROBE_EVERY, Heartbeat, host_gone
-from distinit.init._join import Claimant, Frozen, HostSilent, JoinProtocol
+from distinit.init._join import Claimant, Frozen, HostSilent, JoinProtocol, Keys
 from distinit.init._policy import STALE, AttemptFailed, StoreSign, judge_store_host, store_sign
 from distinit.init._store import Master
 
@@ -256,7 +256,7 @@ def test_the_join_spells_its_keys_for_the_attempts() -> None:
 
 def test_a_freeze_is_counted_up_to_the_store_failure_not_to_the_decision() -> None:
     """The beats that could not be written after the store failed are no freeze of this process."""
-    heartbeat = Heartbeat(cast(Store, HashStore()), prefix="t/", rank=1, lost=lambda silent: None)
+    heartbeat = Heartbeat(cast(Store, HashStore()), keys=Keys("t/"), rank=1, lost=lambda silent: None)
     heartbeat.beat()
     assert heartbeat.frozen_for(at=heartbeat.last_beat + 1.0) is None
     frozen = heartbeat.frozen_for(at=heartbeat.last_beat + STALE + 1.0)

@@ -14,7 +14,15 @@ import pytest
 from torch.distributed import HashStore, Store
 
 from distinit.errors import MalformedEnvError
-from distinit.init._join import Claimant, JoinProtocol, PauseSchedule, decode_ranks, encode_ranks, wait_for_key
+from distinit.init._join import (
+    Claimant,
+    JoinProtocol,
+    Keys,
+    PauseSchedule,
+    decode_ranks,
+    encode_ranks,
+    wait_for_key,
+)
 from distinit.init._policy import (
     FIRST_POLL,
     LOSS_BOUND_VARIABLE,
@@ -280,7 +288,7 @@ def test_an_arrival_key_not_written_by_distinit_is_a_named_rendezvous_error() ->
     store.set("p/order/2", "rm -rf")
     known: list[int] = []
     with pytest.raises(RendezvousError, match=r"join key p/order/2 holds b'rm -rf', not a rank number"):
-        follow_arrivals(store, "p/", known)
+        follow_arrivals(store, Keys("p/"), known)
     assert known == []  # nothing from a store written by something else is trusted
 
 
@@ -312,3 +320,36 @@ def test_loss_bound_only_raises_the_scaled_bound() -> None:
     assert Pace.for_world(4, loss_bound=30.0).stale == 30.0
     assert Pace.for_world(4, loss_bound=1.0).stale == Pace.for_world(4).stale == 5.0
     assert Pace.for_world(10_000, loss_bound=1.0).stale == Pace.for_world(10_000).stale
+
+
+def test_the_key_layout_is_the_wire_format_byte_for_byte() -> None:
+    """Ranks of one distinit version read each other's keys: the layout's strings never change within it."""
+    keys = Keys("distinit/job/0/c1/g3/")
+    spelled = [keys.claim(2), keys.beat(2), keys.order(5), keys.joined, keys.world_size, keys.missing, keys.state]
+    assert spelled == [
+        "distinit/job/0/c1/g3/claim/2",
+        "distinit/job/0/c1/g3/beat/2",
+        "distinit/job/0/c1/g3/order/5",
+        "distinit/job/0/c1/g3/joined",
+        "distinit/job/0/c1/g3/world_size",
+        "distinit/job/0/c1/g3/missing",
+        "distinit/job/0/c1/g3/state",
+    ]
+    assert (keys.init_verdict, keys.pg) == ("distinit/job/0/c1/g3/init_verdict", "distinit/job/0/c1/g3/pg")
+    store = CountingStore()
+    rank0, rank1 = _protocol(store, 0, 3), _protocol(store, 1, 3)
+    try:
+        generation = rank0.generation()
+        rank1.enter(generation)
+        rank0.enter(generation)
+        assert rank0.missing(generation) == [2]  # rank 0 follows the arrivals and publishes the missing
+    finally:
+        rank0.stop_beating()
+        rank1.stop_beating()
+    assert rank0.keys(generation) == Keys("t/g0/")
+    written = ["t/generation", "t/g0/world_size", "t/g0/claim/0", "t/g0/claim/1", "t/g0/beat/0", "t/g0/beat/1"]
+    written += ["t/g0/joined", "t/g0/order/1", "t/g0/order/2", "t/g0/missing"]
+    assert all(store.inner.check([key]) for key in written), [k for k in written if not store.inner.check([k])]
+    assert not store.inner.check(["t/g0/state"])  # rank 2 never came
+    assert [bytes(store.inner.get(k)) for k in ("t/g0/order/1", "t/g0/order/2", "t/g0/missing")] == [b"1", b"0", b"2"]
+    assert bytes(store.inner.get("t/g0/claim/1")) == b"sim|10001|n1"
