@@ -85,6 +85,7 @@ class Heartbeat:
     """Beat this rank's key and watch the others' in one daemon thread, for one generation.
 
     ``lost(silent)`` runs once, in the thread, when a watched rank went silent; it publishes the verdict.
+    ``clock``: this rank's monotonic clock, by which every silence and freeze is judged (the tests give a fake).
     """
 
     def __init__(
@@ -96,8 +97,10 @@ class Heartbeat:
         lost: Callable[[Silent], None],
         beat: float = BEAT,
         stale: float = STALE,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.keys, self.rank = store, keys, rank
+        self._clock = clock
         self._lost, self._beat_every, self._stale = lost, beat, stale
         self._seq = 0
         self._stop = threading.Event()
@@ -107,14 +110,14 @@ class Heartbeat:
         #: Rank 0's claim (``host|pid|nonce``) once a non-zero rank watches it.
         self.host_claim: str | None = None
         #: Monotonic time of this rank's last written beat: a long gap since means this process was frozen.
-        self.last_beat = time.monotonic()
+        self.last_beat = clock()
         self._frozen = 0.0  # the longest gap between two beats seen so far (s)
 
     def beat(self) -> None:
         """Write one beat now (the first one is written before the rank counts as joined)."""
         self._seq += 1
         self.store.set(self.keys.beat(self.rank), f"{self._seq}|{time.time():.3f}")
-        self.last_beat = time.monotonic()
+        self.last_beat = self._clock()
 
     def frozen_for(self, at: float | None = None) -> float | None:
         """The longest time this rank could not beat (until ``at``, or between two beats), if past the loss bound.
@@ -123,7 +126,7 @@ class Heartbeat:
         ``at``: when the store failed (monotonic; default now): the beats that could not be written after it
         are no freeze. None when it was not frozen.
         """
-        gap = max((time.monotonic() if at is None else at) - self.last_beat, self._frozen)
+        gap = max((self._clock() if at is None else at) - self.last_beat, self._frozen)
         return gap if gap > self._stale else None
 
     def start(self) -> None:
@@ -141,13 +144,7 @@ class Heartbeat:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self._beat_every):
-                gap = time.monotonic() - self.last_beat
-                if gap > self._stale / 2:
-                    # This process did not run for a while: what it did not see is no sign of the others.
-                    self._seen.clear()
-                    self._frozen = max(self._frozen, gap)  # past the loss bound: the others declared it lost
-                self.beat()
-                silent = self._watch()
+                silent = self.tick()
                 if silent is not None and not self._stop.is_set():
                     self._lost(silent)
                     return
@@ -157,12 +154,28 @@ class Heartbeat:
         finally:
             self.store = None  # type: ignore[assignment]  # let go of the store (rank 0: its server)
 
+    def tick(self) -> Silent | None:
+        """One turn of the thread: beat, then look at the watched ranks; the first silent one, or None.
+
+        A gap of more than half the loss bound since this rank's own last beat means this process did not run
+        for a while (by its own clock): what it did not see then is no sign of the others, so their silences
+        are counted afresh, and the gap is kept as a freeze (:meth:`frozen_for`: past the loss bound, the
+        others declared this rank lost).
+        """
+        gap = self._clock() - self.last_beat
+        if gap > self._stale / 2:
+            self._seen.clear()
+            self._frozen = max(self._frozen, gap)
+        self.beat()
+        return self._watch()
+
     def _watch(self) -> Silent | None:
+        """The first watched rank whose beat has not changed for longer than the loss bound, by this clock."""
         ranks = self._ranks()
         if not ranks:
             return None
         values = self.store.multi_get([self.keys.beat(r) for r in ranks])
-        now = time.monotonic()
+        now = self._clock()
         for rank, value in zip(ranks, values, strict=True):
             before = self._seen.get(rank)
             if before is None or before[0] != value:
