@@ -2,12 +2,14 @@
 
 An agent's card is JSON on the store (never pickle: cards come from peers): its host identity, versions, the
 torchrun flags that must agree across the job, and a digest of the ``NCCL_*``/``GLOO_*``/``TORCH_*`` variables.
+It is a frozen dataclass checked field by field (``_wire``), not a pydantic model: see ``_wire`` for why.
 :func:`disagreements` is pure: cards in, named disagreements out, so every agent that reads the same cards
 reaches the same verdict.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import os
@@ -16,13 +18,11 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from distinit._identity import local_identity
 from distinit._net import interfaces
+from distinit.rendezvous import _wire
 
 #: Variable prefixes whose values are digested into the card (values are never published, only hashes).
 DIGESTED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
@@ -32,12 +32,17 @@ PREFIX = "distinit.torchrun"
 Status = Literal["waiting", "joined", "failed"]
 #: A card's heart-beat as the reader sees it: recent, old (a dead agent's card stays), or beyond clock skew.
 Beat = Literal["fresh", "stale", "future"]
+#: The kernel's id of this boot: two processes that read the same one run on one machine (as in ``_identity``).
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
-class AgentCard(BaseModel):
-    """One agent as it describes itself to the others (JSON on the store)."""
+@dataclass(frozen=True, kw_only=True)
+class AgentCard:
+    """One agent as it describes itself to the others (JSON on the store; every field checked on creation).
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    Raises:
+        ValueError: a field does not fit its type (a peer's malformed card).
+    """
 
     run_id: str
     node: str  # torch's node address: --local-addr, else this host's FQDN
@@ -53,11 +58,40 @@ class AgentCard(BaseModel):
     max_nodes: int
     nproc_per_node: int | None = None
     max_restarts: int | None = None
-    env: dict[str, str] = {}  # variable -> first 12 hex digits of sha256(value)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # variable -> first 12 hex digits of sha256(value)
     started: float  # wall-clock time.time() of the agent's first rendezvous
     status: Status = "waiting"
     round: int = 0
     store_host: bool = False  # this agent hosts the rendezvous store (the job ends when it leaves)
+
+    def __post_init__(self) -> None:
+        _wire.check(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> AgentCard:
+        """A card as a peer published it.
+
+        Raises:
+            ValueError: not JSON, or not a valid card (a missing field, a field of the wrong type).
+        """
+        return _wire.from_json(cls, text)
+
+    @classmethod
+    def from_object(cls, data: object) -> AgentCard:
+        """A card from a decoded JSON object (unknown keys ignored).
+
+        Raises:
+            ValueError: not a valid card.
+        """
+        return _wire.from_object(cls, data)
+
+    def to_json(self) -> str:
+        """The card as published on the store."""
+        return _wire.to_json(self)
+
+    def with_status(self, status: Status, round_: int) -> AgentCard:
+        """This card with a new status and round (checked again, like any card)."""
+        return replace(self, status=status, round=round_)
 
     @property
     def label(self) -> str:
@@ -99,14 +133,14 @@ def local_card(
         version = "unknown"
 
     env = os.environ if environ is None else environ
-    identity = local_identity(env)
+    boot_id, netns = machine()
     return AgentCard(
         run_id=run_id,
         node=node,
         pid=os.getpid(),
-        hostname=identity.hostname or socket.gethostname(),
-        boot_id=identity.boot_id,
-        netns=identity.netns,
+        hostname=socket.gethostname(),
+        boot_id=boot_id,
+        netns=netns,
         addresses=tuple(ip for _, ip in interfaces()),
         torch=str(torch.__version__),
         python=platform.python_version(),
@@ -119,6 +153,24 @@ def local_card(
         started=time.time(),
         store_host=store_host,
     )
+
+
+def machine() -> tuple[str | None, int | None]:
+    """``(boot_id, netns)`` of this process: the reads of ``_identity.local_identity``, without its pydantic model.
+
+    The agent loads no pydantic (see ``_wire``); tests/unit/rendezvous/test_rendezvous_pure.py holds the two
+    reads equal to ``local_identity``'s.
+    """
+    try:
+        with open(BOOT_ID, encoding="ascii", errors="replace") as fh:
+            boot_id = fh.read().strip() or None
+    except OSError:
+        boot_id = None
+    try:
+        netns: int | None = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = None
+    return boot_id, netns
 
 
 def launch_flags(argv: Sequence[str] | None = None) -> tuple[int | None, int | None]:

@@ -33,6 +33,11 @@ DEFAULT_PORT = 29400
 VERDICT_AFTER = 4.0
 #: One probe's connect timeout (seconds).
 PROBE_TIMEOUT = 1.5
+#: Seconds between probes of an endpoint that is not up yet: the first, then doubled up to the last. Agents start
+#: together, so the host agent's store usually comes up within a few tenths of a second of a client's first
+#: probe; a refused probe on a LAN costs microseconds of CPU, so starting short costs nothing.
+REPROBE_FIRST = 0.05
+REPROBE_MAX = 0.25
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ def wait_for_store(host: str, port: int, addresses: tuple[str, ...], *, refused_
     """
     start = time.monotonic()
     warned = False
+    pause = REPROBE_FIRST
     while True:
         # A black hole costs a whole probe: never let the last one overshoot the verdict's limit by much.
         left = max(VERDICT_AFTER - (time.monotonic() - start), 0.5)
@@ -176,7 +182,8 @@ def wait_for_store(host: str, port: int, addresses: tuple[str, ...], *, refused_
                 limit - waited,
                 extra={"distinit": {"event": "rendezvous.endpoint_waiting", "kind": result.kind}},
             )
-        time.sleep(min(0.25, max(0.0, limit - waited)))
+        time.sleep(min(pause, max(0.0, limit - waited)))
+        pause = min(2 * pause, REPROBE_MAX)
 
 
 def open_store(

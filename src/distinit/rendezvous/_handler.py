@@ -18,7 +18,6 @@ import threading
 import time
 from typing import Any
 
-from pydantic import ValidationError
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
@@ -37,6 +36,7 @@ from distinit.rendezvous._card import (
     AgentCard,
     Beat,
     Disagreement,
+    Status,
     claims,
     disagreements,
     launch_flags,
@@ -346,13 +346,13 @@ class DistinitRendezvousHandler(RendezvousHandler):
 
     # -- cards and heart-beats ---------------------------------------------------------------------------------
 
-    def _publish(self, status: str) -> None:
+    def _publish(self, status: Status) -> None:
         round_ = self._state().round
-        self._card = AgentCard.model_validate({**self._card.model_dump(), "status": status, "round": round_})
+        self._card = self._card.with_status(status, round_)
         try:
             if self._index is None:
                 self._index = int(self._store.add(f"{PREFIX}/count", 1))
-            self._store.set(f"{PREFIX}/card/{self._index}", self._card.model_dump_json())
+            self._store.set(f"{PREFIX}/card/{self._index}", self._card.to_json())
             self._store.set(f"{PREFIX}/beat/{self._index}", str(time.time()))
         except (RuntimeError, ValueError) as exc:  # the consensus is best effort; torch's join reports the store
             self._unanswered += 1
@@ -413,9 +413,9 @@ class DistinitRendezvousHandler(RendezvousHandler):
             try:
                 if len(values[n]) > MAX_CARD_BYTES:  # a card is about 1 KB: never parse a bomb
                     raise ValueError(f"{len(values[n])} bytes, over {MAX_CARD_BYTES}")
-                self._cards[index] = AgentCard.model_validate(json.loads(values[n]))
+                self._cards[index] = AgentCard.from_json(values[n])
                 self._read_beat(index, float(values[len(present) + n]))
-            except (ValueError, ValidationError, UnicodeDecodeError, RecursionError) as exc:
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 logger.debug("skipping agent card %d on the store: %s", index, exc)
 
     def _read_beat(self, index: int, beat: float) -> None:
@@ -673,7 +673,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
         """This agent's failed workers of a round, as JSON on the store (before it re-joins or leaves)."""
         if self._index is None or not failures:
             return
-        payload = json.dumps([failure.model_dump() for failure in failures])
+        payload = json.dumps([failure.to_object() for failure in failures])
         try:
             self._store.set(f"{PREFIX}/failure/{failures[0].round}/{self._index}", payload)
         except (RuntimeError, ValueError) as exc:
@@ -692,8 +692,8 @@ class DistinitRendezvousHandler(RendezvousHandler):
         found: list[WorkerFailure] = []
         for value in values:
             try:
-                found.extend(WorkerFailure.model_validate(item) for item in json.loads(value))
-            except (ValueError, ValidationError, UnicodeDecodeError, TypeError) as exc:
+                found.extend(WorkerFailure.from_object(item) for item in json.loads(value))
+            except (ValueError, UnicodeDecodeError, TypeError, RecursionError) as exc:
                 logger.debug("skipping a failure record on the store: %s", exc)
         return found
 

@@ -7,7 +7,8 @@ code, not whether the restart counts against ``--max-restarts``. The agent is th
 loop holds. Only these two names are read from torch's frames; anything else (another launcher embedding a
 handler) gets ``None`` and the messages say less.
 
-The failures are JSON on the store (:class:`WorkerFailure`, never pickle), so every agent composes the same
+The failures are JSON on the store (:class:`WorkerFailure`, never pickle; a dataclass checked by ``_wire``, which
+says why it is no pydantic model), so every agent composes the same
 line from the same records (:func:`restart_line`, :func:`describe_failures`, pure).
 
 The uncounted membership change: when one node's worker fails, its agent counts a restart and re-joins; the
@@ -21,20 +22,23 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from distinit.rendezvous import _wire
 from distinit.rendezvous._torch import restart_budget, take_restart
 
 #: How many characters of a worker's first error line are kept.
 ERROR_CHARS = 200
 
 
-class WorkerFailure(BaseModel):
-    """One failed worker as its agent publishes it (JSON on the store)."""
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailure:
+    """One failed worker as its agent publishes it (JSON on the store; every field checked on creation).
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    Raises:
+        ValueError: a field does not fit its type (a peer's malformed record).
+    """
 
     agent: str  # "host pid N" of its agent
     node: str  # torch's node address
@@ -46,6 +50,22 @@ class WorkerFailure(BaseModel):
     signal: str | None = None
     error: str = ""  # the first line of the worker's error (torch's error file), "" when there is none
     restart: int | None = None  # TORCHELASTIC_RESTART_COUNT of the failed worker
+
+    def __post_init__(self) -> None:
+        _wire.check(self)
+
+    @classmethod
+    def from_object(cls, data: object) -> WorkerFailure:
+        """A record from a decoded JSON object, as another agent published it (unknown keys ignored).
+
+        Raises:
+            ValueError: not a valid record (a missing field, a field of the wrong type).
+        """
+        return _wire.from_object(cls, data)
+
+    def to_object(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict."""
+        return _wire.to_object(self)
 
     def describe(self) -> str:
         """``rank 1 (local_rank 0, pid 812) on vm pid 4711 exited with code 1: RuntimeError: boom``."""

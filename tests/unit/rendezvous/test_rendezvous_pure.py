@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
 
 import distinit
+from distinit._identity import local_identity
 from distinit.rendezvous import AgentConfigMismatchError, AgentRendezvousTimeoutError
 from distinit.rendezvous._card import (
     AgentCard,
     disagreements,
     env_digest,
     launch_flags,
+    machine,
     round_cards,
     shared_machines,
 )
@@ -40,7 +43,7 @@ def card(pid: int, **changes: object) -> AgentCard:
         "max_restarts": 0,
         "started": 1000.0,
     }
-    return AgentCard.model_validate({**base, **changes})
+    return AgentCard.from_object({**base, **changes})
 
 
 @pytest.mark.parametrize(
@@ -202,3 +205,56 @@ def test_the_entry_point_is_light() -> None:
         modules |= {node.module or "" for node in top if isinstance(node, ast.ImportFrom)}
         heavy = {m for m in modules if m.startswith(("pydantic", "distinit.init", "distinit.rendezvous._handler"))}
         assert not heavy, f"{name} imports {heavy} at import time"
+
+
+def test_the_handler_loads_no_pydantic() -> None:
+    # Issue 35: pydantic's first model costs an agent about 0.3 s of CPU, more than the rest of the happy path;
+    # the handler's records are dataclasses checked by _wire. No module of the package imports pydantic (nor
+    # _identity, which does), lazily or not.
+    import ast
+    from pathlib import Path
+
+    package = Path(distinit.__file__).parent / "rendezvous"
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        modules |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        heavy = {m for m in modules if m.startswith(("pydantic", "distinit._identity"))}
+        assert not heavy, f"{path.name} imports {heavy}"
+
+
+def test_a_card_round_trips_and_a_malformed_one_is_refused_by_field() -> None:
+    one = card(1, addresses=("10.0.0.1",), env={"NCCL_X": "abc"}, status="joined", round=3)
+    assert AgentCard.from_json(one.to_json()) == one
+    assert AgentCard.from_json(one.to_json().encode()) == one  # the store hands bytes
+    newer = {**json.loads(one.to_json()), "a_field_of_a_newer_distinit": [1, 2]}
+    assert AgentCard.from_object(newer) == one  # unknown keys are ignored
+    for key, bad in [
+        ("pid", "12"),  # pydantic's lax mode took a numeric string; a card never holds one
+        ("pid", True),
+        ("pid", 1.5),
+        ("status", "gone"),
+        ("addresses", [1]),
+        ("env", {"NCCL_X": 1}),
+        ("boot_id", 7),
+        ("store_host", 1),
+    ]:
+        with pytest.raises(ValueError, match=rf"AgentCard\.{key}:"):
+            AgentCard.from_object({**json.loads(one.to_json()), key: bad})
+    assert AgentCard.from_object({**json.loads(one.to_json()), "started": 5}).started == 5  # an int is a float
+    without = json.loads(one.to_json())
+    del without["run_id"]
+    for text, why in [
+        (json.dumps(without), "run_id"),
+        ("[]", "JSON object"),
+        ("not json", "Expecting value"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            AgentCard.from_json(text)
+    with pytest.raises(ValueError, match=r"AgentCard\.round:"):
+        one.with_status("waiting", "4")  # type: ignore[arg-type]
+
+
+def test_the_card_reads_the_machine_as_host_identity_does() -> None:
+    identity = local_identity({})
+    assert machine() == (identity.boot_id, identity.netns)

@@ -65,7 +65,7 @@ def agent(remaining: int, max_restarts: int = 1) -> Any:
 
 
 def handler(inner: FakeInner, store: FakeStore, torch_agent: Any) -> DistinitRendezvousHandler:
-    card = AgentCard.model_validate(
+    card = AgentCard.from_object(
         {
             "run_id": "job",
             "node": "n0",
@@ -128,7 +128,7 @@ def test_closed_after_a_failure_stops_this_nodes_workers_and_acknowledges() -> N
     store = FakeStore()
     failure = WorkerFailure(agent="h1 pid 2", node="n1", round=0, rank=1, local_rank=0, pid=9, exitcode=1, restart=1)
     store.set(f"{PREFIX}/count", "2")
-    store.set(f"{PREFIX}/failure/0/2", json.dumps([failure.model_dump()]))
+    store.set(f"{PREFIX}/failure/0/2", json.dumps([failure.to_object()]))
     inner = FakeInner(waiting=0)
     inner.state.closed = True
     made = handler(inner, store, agent(remaining=0))

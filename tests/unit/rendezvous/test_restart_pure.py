@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import pytest
@@ -40,7 +41,7 @@ def failure(rank: int, **changes: object) -> WorkerFailure:
         "error": "RuntimeError: boom",
         "restart": 0,
     }
-    return WorkerFailure.model_validate({**base, **changes})
+    return WorkerFailure.from_object({**base, **changes})
 
 
 @pytest.mark.parametrize(
@@ -99,7 +100,7 @@ def test_a_restart_round_that_times_out_mentions_torchs_exit_barrier() -> None:
     def card(pid: int) -> AgentCard:
         fields = {"run_id": "job", "node": f"n{pid}", "pid": pid, "hostname": f"h{pid}", "torch": "2.13.0"}
         more = {"python": "3.11.9", "distinit": "0", "min_nodes": 2, "max_nodes": 2, "started": 0.0}
-        return AgentCard.model_validate({**fields, **more})
+        return AgentCard.from_object({**fields, **more})
 
     def snap(round_: int) -> Snapshot:
         return Snapshot(
@@ -120,3 +121,14 @@ def test_a_restart_round_that_times_out_mentions_torchs_exit_barrier() -> None:
     assert "exit barrier" in explain_timeout(snap(1)).why
     assert "exit barrier" not in explain_timeout(snap(0)).why
     assert "joined, then stopped" in explain_timeout(snap(1)).why
+
+
+def test_a_failure_record_round_trips_and_a_malformed_one_is_refused() -> None:
+    one = failure(1, signal="SIGKILL", exitcode=-9, restart=2)
+    assert WorkerFailure.from_object(json.loads(json.dumps(one.to_object()))) == one
+    with pytest.raises(ValueError, match=r"WorkerFailure\.exitcode:"):
+        WorkerFailure.from_object({**one.to_object(), "exitcode": "1"})
+    with pytest.raises(ValueError, match="rank"):
+        WorkerFailure.from_object({k: v for k, v in one.to_object().items() if k != "rank"})
+    with pytest.raises(ValueError, match="JSON object"):
+        WorkerFailure.from_object([one.to_object()])
