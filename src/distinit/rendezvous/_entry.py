@@ -2,9 +2,9 @@
 
 torch's ``torch.distributed.elastic.rendezvous`` package walks the ``torchrun.handlers`` entry points when it
 is imported, so this module is imported by every torchrun (whatever ``--rdzv-backend``) of anyone who installs
-distinit. It therefore imports nothing heavy: the handler and its pydantic models (about 0.3 s on a loaded
-2-core machine, measured) load only when ``--rdzv-backend=distinit`` creates a handler. The same deviation
-from "imports at the top" as ``distinit/__init__.py``, for the same reason.
+distinit. It therefore imports nothing heavy: the handler (torch's rendezvous backends, distinit's probes and
+cards; no pydantic since issue 35) loads only when ``--rdzv-backend=distinit`` creates a handler. The same
+deviation from "imports at the top" as ``distinit/__init__.py``, for the same reason.
 """
 
 from __future__ import annotations
