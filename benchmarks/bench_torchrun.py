@@ -1,8 +1,12 @@
 """Benchmark: ``torchrun --rdzv-backend=distinit`` against ``--rdzv-backend=c10d``, side by side in one run.
 
 1. happy path: time from starting every agent at once to the last worker started (the worker's first line
-   records the instant), 2 and 4 agents on this machine, rounds interleaved (c10d, distinit, c10d, ...);
-   the issue's budget: distinit <= c10d + 10 % or + 0.3 s;
+   records the instant), and the CPU seconds (user + system) of the agents and of everything they reaped (their
+   workers), 2 and 4 agents on this machine, rounds interleaved (c10d first in even rounds, distinit first in odd
+   ones) and never overlapping, so that the benchmark's ``RUSAGE_CHILDREN`` delta around a round is that round's
+   (agents are its children; each agent's reaped workers count into the agent's). With ``--burners N`` the rounds
+   run a second time beside N busy loops per core (``scripts/burners.py``), which are reaped only after the last
+   round. Issue 35's budgets: CPU per round <= 1.2 x c10d, wall <= c10d + 0.3 s;
 2. time to a verdict, one agent per scenario (two for the mismatch); c10d's scenarios all at once (they wait
    on timeouts), then distinit's one at a time (so start-up is not shared by twelve agents on two cores):
    ``refused`` (nothing listens, ``is_host=0``), ``foreign`` (a silent listener on the port), ``dns`` (a name
@@ -12,8 +16,9 @@
    agent still running at ``--limit`` seconds is killed and recorded as "no verdict". distinit runs with its
    defaults except ``connect_timeout=5`` for ``refused`` (its default, 30 s, leaves a late host agent time).
 
-Usage: ``python benchmarks/bench_torchrun.py [--repeats 3] [--limit 100] [--out DIR]``. Prints a table and writes
-``DIR/torchrun.{md,json}`` (default ``benchmarks/results``).
+Usage: ``python benchmarks/bench_torchrun.py [--repeats 3] [--limit 100] [--burners N] [--only happy] [--out DIR]``.
+Prints a table and writes ``DIR/torchrun.{md,json}`` (default ``benchmarks/results``); ``--only happy`` skips the
+verdict scenarios (minutes) and writes ``DIR/torchrun_happy.{md,json}`` instead.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -40,6 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # init_launch impo
 from init_launch import HoldingListener  # a foreign program on a port: accepts, never answers
 
 from _common import load_average, machine_facts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from burners import burning  # busy loops, stopped by pid
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -92,12 +101,26 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=30)
 
 
-def happy_once(backend: str, agents: int, limit: float) -> float:
-    """Seconds from starting ``agents`` agents at once to the last worker's first line (inf on failure)."""
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every child this process has reaped, and of what they reaped in turn."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def happy_once(backend: str, agents: int, limit: float) -> dict[str, float]:
+    """One round of ``agents`` agents started at once: its wall seconds and the CPU seconds of its processes.
+
+    ``wall_s``: to the last worker's first line; ``exit_s``: to the last agent's exit; ``cpu_s``: the agents and
+    their workers (all inf when the round failed).
+
+    The round reaps every agent before it returns, so the ``RUSAGE_CHILDREN`` delta is this round's alone (the
+    caller runs rounds one after another; burners are reaped only after the last round).
+    """
     with tempfile.TemporaryDirectory(prefix="bench-torchrun-") as tmp:
         marks = Path(tmp, "marks")
         marks.mkdir()
         endpoint = f"127.0.0.1:{_free_port()}"
+        cpu_before = _children_cpu()
         start = time.time()
         procs = [
             _agent(backend, endpoint, agents, f"{FAST},join_timeout=120", marks, Path(tmp, f"a{i}.log"))
@@ -111,8 +134,65 @@ def happy_once(backend: str, agents: int, limit: float) -> float:
         finally:
             for proc in procs:
                 _kill(proc)
+        ended = time.time()
+        cpu = _children_cpu() - cpu_before
         times = [float(p.read_text()) for p in marks.iterdir()]
-        return max(times) - start if len(times) == agents else float("inf")
+        ok = len(times) == agents and all(p.returncode == 0 for p in procs)
+        if not ok:
+            return {"wall_s": float("inf"), "exit_s": float("inf"), "cpu_s": float("inf")}
+        return {"wall_s": max(times) - start, "exit_s": ended - start, "cpu_s": cpu}
+
+
+def happy(repeats: int, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """Interleaved rounds per agent count: per backend, each round's figures and their medians; the load."""
+    out: dict[str, Any] = {}
+    for agents in sizes:
+        rounds: dict[str, list[dict[str, float]]] = {"c10d": [], "distinit": []}
+        loads = []
+        for r in range(repeats):
+            loads.append(load_average()[0])
+            for backend in ("c10d", "distinit") if r % 2 == 0 else ("distinit", "c10d"):
+                rounds[backend].append(happy_once(backend, agents, 180.0))
+        by: dict[str, Any] = {}
+        for backend, rows in rounds.items():
+            walls, exits, cpus = ([row[k] for row in rows] for k in ("wall_s", "exit_s", "cpu_s"))
+            by[backend] = {
+                "median_s": statistics.median(walls),
+                "min_s": min(walls),
+                "runs_s": walls,
+                "exit_median_s": statistics.median(exits),
+                "cpu_median_s": statistics.median(cpus),
+                "cpu_runs_s": cpus,
+            }
+        by["cpu_ratio"] = by["distinit"]["cpu_median_s"] / by["c10d"]["cpu_median_s"]
+        by["wall_over_s"] = by["distinit"]["median_s"] - by["c10d"]["median_s"]
+        by["load_1min"] = loads
+        out[str(agents)] = by
+        print(
+            f"happy {agents} agents (load {min(loads):.1f}-{max(loads):.1f}): "
+            + ", ".join(f"{b} {by[b]['median_s']:.2f} s wall, {by[b]['cpu_median_s']:.2f} CPU-s" for b in rounds)
+            + f"; CPU ratio {by['cpu_ratio']:.2f}, wall {by['wall_over_s']:+.2f} s",
+            flush=True,
+        )
+    return out
+
+
+def _happy_lines(title: str, table: dict[str, Any]) -> list[str]:
+    lines = [
+        f"{title}",
+        "",
+        "| agents | load (1 min) | c10d wall median (min) s | distinit wall median (min) s | wall over c10d "
+        "(budget +0.3 s) | c10d CPU-s | distinit CPU-s | CPU ratio (budget 1.2) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, by in table.items():
+        c, d = by["c10d"], by["distinit"]
+        load = f"{min(by['load_1min']):.1f}-{max(by['load_1min']):.1f}"
+        lines.append(
+            f"| {n} | {load} | {c['median_s']:.2f} ({c['min_s']:.2f}) | {d['median_s']:.2f} ({d['min_s']:.2f}) | "
+            f"{by['wall_over_s']:+.2f} | {c['cpu_median_s']:.2f} | {d['cpu_median_s']:.2f} | {by['cpu_ratio']:.2f} |"
+        )
+    return lines
 
 
 def _last_error(text: str) -> str:
@@ -226,52 +306,53 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--limit", type=float, default=100.0, help="seconds before an agent counts as no verdict")
+    parser.add_argument("--agents", type=int, nargs="+", default=[2, 4], help="agent counts of the happy path")
+    parser.add_argument(
+        "--burners", type=int, default=0, help="also run the happy path beside N busy loops per core (default: no)"
+    )
+    parser.add_argument("--only", choices=["happy"], help="skip the verdict scenarios")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     load_at_start = load_average()
-    happy: dict[str, dict[str, list[float]]] = {}
-    for agents in (2, 4):
-        runs: dict[str, list[float]] = {"c10d": [], "distinit": []}
-        for _ in range(args.repeats):
-            for backend in ("c10d", "distinit"):
-                runs[backend].append(happy_once(backend, agents, 180.0))
-        happy[str(agents)] = runs
-        print(f"happy {agents} agents: " + ", ".join(f"{b} {statistics.median(v):.2f} s" for b, v in runs.items()))
-    rows = verdicts(args.limit)
-    data = {
-        "machine": machine_facts(load_at_start=load_at_start),
-        "happy": {
-            n: {b: {"median_s": statistics.median(v), "min_s": min(v), "runs_s": v} for b, v in runs.items()}
-            for n, runs in happy.items()
-        },
-        "verdicts": rows,
-        "limit_s": args.limit,
-    }
+    sizes = tuple(args.agents)
+    idle = happy(args.repeats, sizes)
+    beside: dict[str, Any] | None = None
+    if args.burners:
+        with burning(args.burners) as pids:
+            print(f"beside {len(pids)} burners:", flush=True)
+            beside = happy(args.repeats, sizes)
+    rows = [] if args.only else verdicts(args.limit)
+    data: dict[str, Any] = {"machine": machine_facts(load_at_start=load_at_start), "happy": idle}
+    if beside is not None:
+        data["happy_burners"] = beside
+        data["burners_per_core"] = args.burners
+    if not args.only:
+        data["verdicts"] = rows
+        data["limit_s"] = args.limit
+    stem = "torchrun_happy" if args.only else "torchrun"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "torchrun.json").write_text(json.dumps(data, indent=2) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = [
         "# torchrun: --rdzv-backend=distinit vs c10d",
         "",
         f"Machine: {data['machine']['cpus']} CPUs, torch {data['machine']['torch']}, load "
-        f"{data['machine'].get('load_average_at_start')} -> {data['machine']['load_average_at_end']}.",
+        f"{data['machine'].get('load_average_at_start')} -> {data['machine']['load_average_at_end']}. "
+        f"Happy path: {args.repeats} interleaved rounds each; CPU: user + system seconds of the agents and their "
+        "workers per round.",
         "",
-        "| agents | c10d median (min) s | distinit median (min) s | budget (c10d + max(10 %, 0.3 s)) |",
-        "|---:|---:|---:|---:|",
+        *_happy_lines("Happy path, no burners:", idle),
     ]
-    for n, by in data["happy"].items():
-        c, d = by["c10d"], by["distinit"]
-        budget = c["median_s"] + max(0.1 * c["median_s"], 0.3)
-        lines.append(
-            f"| {n} | {c['median_s']:.2f} ({c['min_s']:.2f}) | {d['median_s']:.2f} ({d['min_s']:.2f}) | {budget:.2f} |"
-        )
-    lines += ["", "| scenario | backend | seconds to exit | named | last error line |", "|---|---|---:|---|---|"]
+    if beside is not None:
+        lines += ["", *_happy_lines(f"Happy path beside {args.burners} burners per core:", beside)]
+    if rows:
+        lines += ["", "| scenario | backend | seconds to exit | named | last error line |", "|---|---|---:|---|---|"]
     for row in rows:
         seconds = f"{row['seconds']:.1f}" if row["seconds"] is not None else f"none in {args.limit:g}"
         error = row["error"].replace("|", "\\|")[:160] or "-"
         lines.append(
             f"| {row['scenario']} | {row['backend']} | {seconds} | {'yes' if row['named'] else 'no'} | {error} |"
         )
-    (args.out / "torchrun.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
