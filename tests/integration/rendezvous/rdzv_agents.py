@@ -18,6 +18,9 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 FAST_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
+PRIMED = Path(__file__).with_name("_primed_torchrun.py")
+
+
 @dataclass
 class Agent:
     """One torchrun agent (its own session, so its workers stop with it)."""
@@ -26,6 +29,23 @@ class Agent:
     proc: subprocess.Popen[bytes]
     log: Path
     started: float
+    #: For an agent started ``primed``: the file it writes once imported, and the file that lets it run.
+    ready: Path | None = None
+    go_file: Path | None = None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until a primed agent has imported torchrun and the backend (it then waits for :meth:`go`)."""
+        assert self.ready is not None, "not started primed"
+        end = time.monotonic() + timeout
+        while not self.ready.exists():
+            assert self.proc.poll() is None, self.log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < end, f"{self.name} not imported after {timeout} s"
+            time.sleep(0.02)
+
+    def go(self) -> None:
+        """Let a primed agent run torchrun (it joins within milliseconds)."""
+        assert self.go_file is not None, "not started primed"
+        self.go_file.touch()
 
     def wait(self, timeout: float) -> tuple[int, str, float]:
         """(exit code, log text, seconds since start); kills the agent's session if it outlives ``timeout``."""
@@ -87,13 +107,19 @@ class Agents:
         prefix: Sequence[str] = (),
         script: Path = TRAIN,
         torchrun: Sequence[str] = (str(TORCHRUN),),
+        primed: bool = False,
     ) -> Agent:
         """Start ``torchrun`` for ``script`` (:data:`TRAIN`) with these flags; output goes to ``<tmp>/<name>.log``.
 
         ``torchrun``: the command that runs torchrun (``[python, "-m", "distinit.rendezvous"]`` on a torch that
-        loads no ``torchrun.handlers`` entry point).
+        loads no ``torchrun.handlers`` entry point). ``primed``: import first, run on :meth:`Agent.go`
+        (:data:`PRIMED`), for a test whose round must form within a short ``join_timeout`` on a loaded machine.
         """
         log = self.tmp / f"{name}.log"
+        ready = go = None
+        if primed:
+            ready, go = self.tmp / f"{name}.ready", self.tmp / f"{name}.go"
+            torchrun = (sys.executable, str(PRIMED), str(ready), str(go))
         command = [
             *prefix,
             *torchrun,
@@ -110,7 +136,7 @@ class Agents:
         environ = {**os.environ, "DISTINIT_TEST_MARKS": str(self.marks), "OMP_NUM_THREADS": "1", **(env or {})}
         with open(log, "wb") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
-        agent = Agent(name, proc, log, time.monotonic())
+        agent = Agent(name, proc, log, time.monotonic(), ready, go)
         self.started.append(agent)
         return agent
 

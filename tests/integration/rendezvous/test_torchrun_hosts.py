@@ -78,7 +78,11 @@ def test_agent_killed_after_joining_names_its_host(agents: Agents, switch: Switc
         options = _on(switch, i)
         options["extra"] = [*options["extra"], "--max-restarts=1"]  # type: ignore[misc]
         options["env"] = {"DISTINIT_TEST_HOLD": str(tmp_path / "never"), "GLOO_SOCKET_IFNAME": "eth0"}
-        started.append(agents.start(f"node{i}", endpoint, conf="join_timeout=8", **options))  # type: ignore[arg-type]
+        started.append(agents.start(f"node{i}", endpoint, conf="join_timeout=8", primed=True, **options))  # type: ignore[arg-type]
+    for agent in started:  # both imported, then both join together: the round forms within the 8 s
+        agent.wait_ready(120)
+    for agent in started:
+        agent.go()
     survivor, victim = started
     assert agents.wait_for_marks(2, 90), (survivor.log.read_text(), victim.log.read_text())
     victim.kill()

@@ -81,9 +81,13 @@ def test_agent_killed_after_joining_is_named(agents: Agents, port: int, tmp_path
     hold = tmp_path / "never"
     conf = "join_timeout=8"
     env = {"DISTINIT_TEST_HOLD": str(hold)}
+    # The victim imports first and joins on go: the survivor's join clock (8 s) starts once it is up, and a
+    # victim that only then imported torch missed it on a loaded machine (both timed out, "1 of 2 came").
+    victim = agents.start("victim", f"127.0.0.1:{port}", conf=conf, extra=["--max-restarts=1"], env=env, primed=True)
+    victim.wait_ready(120)
     survivor = agents.start("survivor", f"127.0.0.1:{port}", conf=conf, extra=["--max-restarts=1"], env=env)
     _wait_for_listener(port, survivor, 60)  # the survivor hosts the store: the store dies with its host agent
-    victim = agents.start("victim", f"127.0.0.1:{port}", conf=conf, extra=["--max-restarts=1"], env=env)
+    victim.go()
     assert agents.wait_for_marks(2, 90), (survivor.log.read_text(), victim.log.read_text())
     victim.kill()
     rc, text, _ = survivor.wait(90)
