@@ -1,15 +1,16 @@
 """The import layering of the package, enforced: every import statement in src/distinit, lazy ones included.
 
 The rules of docs/architecture.md, one test each (STYLE.md section 1): the leaves (errors, durations,
-foreign-error text, the probe, the board, the port policy, Slurm's list grammars, variable text) import only the
-standard library and each other, and the torch seam (``_torch``) only torch besides; ``_identity`` imports no
-module of ours and no torch; env imports no other capability and no torch; broadcast and watchdog know nothing
-of init or of each other; rendezvous imports no init; no capability imports the testing plugin, the CLI or the
-package face (``import distinit``), and the one arrow into the CLI is ``doctor/__main__.py``; no module imports
-another package's ``_private`` module (shared helpers are leaves or a package's exports); inside init, every
-module imports only modules after it in :data:`INIT_ORDER`; a face (``distinit/__init__.py``, each
-``distinit/<package>/__init__.py``) binds only its ``__all__``, its submodules, dunders and the names in
-:data:`FACE_EXTRAS`, each with its reason (``scripts/measure_shape.py`` reports against the same list).
+foreign-error text, the probe, the board, the guarded wait, the port policy, Slurm's list grammars, variable
+text) import only the standard library and each other, and the torch seam (``_torch``) only torch besides;
+``_identity`` imports no module of ours and no torch; env imports no other capability and no torch; broadcast
+and watchdog know nothing of init or of each other; rendezvous imports no init; no capability imports the
+testing plugin, the CLI or the package face (``import distinit``), and the one arrow into the CLI is
+``doctor/__main__.py``; no module imports another package's ``_private`` module (shared helpers are leaves or
+a package's exports); inside init, every module imports only modules after it in :data:`INIT_ORDER`; a face
+(``distinit/__init__.py``, each ``distinit/<package>/__init__.py``) binds only its ``__all__``, its
+submodules, dunders and the names in :data:`FACE_EXTRAS`, each with its reason (``scripts/measure_shape.py``
+reports against the same list).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "distinit"
 #: Modules that import no distinit package: the standard library and each other only (``_torch``, ``_identity``
 #: are top-level too, with their own rules below).
-LEAVES = ("errors", "_duration", "_foreign", "_net", "_board", "_port", "_hostlist", "_text")
+LEAVES = ("errors", "_duration", "_foreign", "_net", "_board", "_guarded", "_port", "_hostlist", "_text")
 CAPABILITIES = ("env", "init", "broadcast", "watchdog", "testing", "integrations", "doctor", "rendezvous", "hang")
 #: capability -> the distinit packages it may import besides itself and the leaves.
 ALLOWED = {

@@ -29,6 +29,7 @@ from torch.distributed import Store, TCPStore
 
 from distinit._duration import to_timedelta
 from distinit._foreign import first_line
+from distinit._guarded import Call
 from distinit._net import probe
 from distinit.env import DistEnv
 from distinit.errors import RankLostError, RendezvousError, RendezvousTimeoutError
@@ -546,10 +547,9 @@ def _wait_for(session: Rendezvous) -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         device = torch.cuda.current_device()
     name = f"distinit-rendezvous-rank{session.rank}"
-    thread = threading.Thread(target=session.run_attempts, args=(device,), name=name, daemon=True)
-    outcome = run_guarded(
-        thread, deadline_at=session.deadline_at, handover=session.handover, early=session.former.watch
-    )
+    call = Call(lambda: session.run_attempts(device), name=name)
+    thread = call.thread
+    outcome = run_guarded(call, deadline_at=session.deadline_at, handover=session.handover, early=session.former.watch)
     if outcome.kind == "interrupted":
         _interrupted(session, thread, formed=outcome.formed)
     elif outcome.kind == "verdict":

@@ -15,10 +15,16 @@ winds down at its next check (:meth:`Handover.check`, at most about a second apa
 pauses), dropping its store. While it still runs, the process's next rendezvous must not race it
 (:func:`check_no_leftover`).
 
-The rendezvous thread's end is returned to the caller as an :class:`Outcome` (done, overrun, a peer's
-verdict, interrupted); the caller decides what each means. One rendezvous is in flight per process at a
-time (:class:`SingleFlight`): a concurrent caller waits for it and shares its outcome. Whatever must be
-process-wide lives in one object, :data:`PROCESS`, with :meth:`Process.reset` for tests.
+The wait itself (start the thread inside the guard, join it in slices, read the early verdict after each,
+stop at the bound, catch the caller's interruption) is the shared leaf :func:`distinit._guarded.wait_guarded`,
+which the torchrun handler's join uses too; what is init's is the hand-over on top of it. The rendezvous
+thread's end is returned to the caller as an :class:`Outcome` (done, overrun, a peer's verdict,
+interrupted): the leaf's answer once :meth:`Handover.abandon` has decided it (a thread that claimed a formed
+group is never abandoned: it is ``done``); the caller decides what each means.
+
+One rendezvous is in flight per process at a time (:class:`SingleFlight`): a concurrent caller waits for it
+and shares its outcome. Whatever must be process-wide lives in one object, :data:`PROCESS`, with
+:meth:`Process.reset` for tests.
 """
 
 from __future__ import annotations
@@ -26,12 +32,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from distinit._duration import wait_bound
+from distinit._guarded import Call, Interrupted, OutOfTime, Stopped, wait_guarded
 from distinit.errors import DistinitError, RendezvousError
 from distinit.init._policy import quote
 
@@ -114,36 +120,34 @@ class Outcome:
 
 
 def run_guarded(
-    thread: threading.Thread,
+    call: Call[None],
     *,
     deadline_at: float,
     handover: Handover,
     early: Early | None = None,
 ) -> Outcome:
-    """Start ``thread`` (a daemon running one rendezvous); wait for it until :data:`OVERRUN_GRACE` past ``deadline_at``.
+    """Start ``call`` (one rendezvous, in a daemon thread); wait until :data:`OVERRUN_GRACE` past ``deadline_at``.
 
-    The thread keeps what its body raised itself (the caller reads it on ``done``). ``early.verdict`` is read
-    every :data:`EARLY_POLL` s: a verdict a peer reached while the thread is blocked in a native call (see
+    The wait is the shared leaf's (:func:`distinit._guarded.wait_guarded`); what is init's is the hand-over:
+    the rendezvous is abandoned only through :meth:`Handover.abandon`, which fails once the thread claimed a
+    formed group (then the caller waits for its bookkeeping and gets ``done``). The body keeps what it raised
+    itself (the caller reads it on ``done``; an abandoned body drops it, with the store its frames hold, so
+    it returns None and the call's result box stays empty). ``early.verdict`` is read every :data:`EARLY_POLL`
+    s: a verdict a peer reached while the thread is blocked in a native call (see
     :class:`distinit.init._form.InitWatch`). Never raises: see :class:`Outcome`.
     """
-    end = deadline_at + OVERRUN_GRACE
-    verdict: BaseException | None = None
-    try:
-        # Started inside the try: a Ctrl-C that lands while start() waits for the thread to run (the thread
-        # may already have joined the rendezvous by then, on a loaded machine) abandons it like any other.
-        # Before, it escaped from start() with the rendezvous still running behind the caller's back.
-        thread.start()
-        while (
-            thread.is_alive()
-            and (verdict := early.verdict if early is not None else None) is None
-            and (left := end - time.monotonic()) > 0
-        ):
-            thread.join(wait_bound(min(left, EARLY_POLL)))
-    except BaseException as exc:  # Ctrl-C: handed to the caller, who undoes what it must and raises it
-        return Outcome("interrupted", thread, exc, formed=not handover.abandon())
-    if thread.is_alive() and verdict is not None and handover.abandon():
-        return Outcome("verdict", thread, verdict)
-    if thread.is_alive() and handover.abandon():
+    thread = call.thread
+    waited = wait_guarded(
+        call,
+        check=lambda: early.verdict if early is not None else None,
+        every=EARLY_POLL,
+        until=deadline_at + OVERRUN_GRACE,
+    )
+    if isinstance(waited, Interrupted):  # Ctrl-C: handed to the caller, who undoes what it must and raises it
+        return Outcome("interrupted", thread, waited.error, formed=not handover.abandon())
+    if isinstance(waited, Stopped) and not call.ended and handover.abandon():
+        return Outcome("verdict", thread, waited.reason)
+    if isinstance(waited, OutOfTime) and not call.ended and handover.abandon():
         return Outcome("overrun", thread)
     thread.join()  # ended, or formed just now (only the bookkeeping is left)
     return Outcome("done", thread)

@@ -152,7 +152,11 @@ def wait_for_store(host: str, port: int, addresses: tuple[str, ...], *, refused_
     """Return once a TCPStore answers at ``host:port``; raise the named verdict otherwise.
 
     A refused port is waited on for ``refused_for`` seconds (the hosting agent may start later); a black hole,
-    an unreachable route or a failing name for :data:`VERDICT_AFTER`; a foreign program fails at once.
+    an unreachable route or a failing name for :data:`VERDICT_AFTER`; a foreign program fails at once. The
+    endpoint is probed again after each answer that is not yet a verdict (:data:`REPROBE_FIRST` s, doubling up
+    to :data:`REPROBE_MAX`), never past
+    the limit of what the last probe saw (the loop is its own: that limit moves with each probe's answer,
+    which :func:`distinit._guarded.poll_until`'s one bound would overshoot by up to a pause).
 
     Raises:
         AgentRendezvousConnectionError: with ``kind`` saying why.
@@ -182,7 +186,7 @@ def wait_for_store(host: str, port: int, addresses: tuple[str, ...], *, refused_
                 limit - waited,
                 extra={"distinit": {"event": "rendezvous.endpoint_waiting", "kind": result.kind}},
             )
-        time.sleep(min(pause, max(0.0, limit - waited)))
+        time.sleep(min(pause, max(0.0, limit - waited)))  # until the next probe
         pause = min(2 * pause, REPROBE_MAX)
 
 

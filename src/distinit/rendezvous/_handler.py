@@ -7,6 +7,11 @@ disagreement is raised at once, the same on every agent), the translation of tor
 closed and connection errors into messages that name the cause (``_explain``), and restarts (``_restart``): the
 failed workers published on the store, one restart count on every node, a new workers' store each round, and a
 failure past ``--max-restarts`` raised on every agent.
+
+torch's join blocks (its store reads have no bound of ours), so it runs in a daemon thread while this agent
+reads the cards every :data:`POLL` s or more: the wait is the shared leaf :func:`distinit._guarded.wait_guarded`
+(init's rendezvous thread waits the same way), and the handler's other waits on the store (the round's cards,
+the acknowledgements of a verdict, three beats of a round too small) are :func:`distinit._guarded.poll_until`.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import (
@@ -30,6 +35,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend, create_backend
 
+from distinit._guarded import Call, Interrupted, Stopped, poll_until, wait_guarded
 from distinit._net import is_loopback
 from distinit.rendezvous._card import (
     PREFIX,
@@ -74,7 +80,12 @@ SKEW_WARN = 5.0
 CARDS_WAIT = 10.0
 #: Default of --rdzv-conf connect_timeout: how long a refused endpoint is waited on (the host agent may be late).
 CONNECT_TIMEOUT = 30
-#: How long an agent that found a disagreement keeps its store up before it raises (the others read it).
+#: How long an agent that found a disagreement stays up before it raises (seconds): the store may live in
+#: this agent, and the other agents find the same disagreement only at their next read of the cards, at
+#: least :data:`POLL` apart, so it stays for several reads. The meaning of :data:`distinit._board.LINGER`
+#: (the store host staying up so that the others see a verdict), without the board: nobody publishes or
+#: acknowledges a verdict here (each agent judges the cards itself), so the stay is a fixed span, not "until
+#: every reader acknowledged".
 LINGER = 2.0
 
 
@@ -213,31 +224,20 @@ class DistinitRendezvousHandler(RendezvousHandler):
             self._fresh_worker_store()
         self._publish("waiting")
         self._start_beats()
-        box: dict[str, Any] = {}
-
-        def join() -> None:
-            try:
-                box["info"] = self._inner.next_rendezvous()
-            except BaseException as exc:  # handed to the caller's thread below
-                box["error"] = exc
-
         start = time.monotonic()
-        thread = threading.Thread(target=join, name="distinit-rendezvous-join", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(self._poll_interval())
-            self._refresh()
-            fatal = self._verdict_while_waiting()
-            if fatal:
-                self._abandoned = thread  # torch's join ends at its own deadline; this agent leaves now
-                # The store may live in this agent: stay a moment so the others read the same cards (this
-                # card stays "waiting", so another job's agents still count it).
-                time.sleep(LINGER)
-                raise self._mismatch(fatal)
-        waited = time.monotonic() - start
-        if "error" in box:
-            self._fail(box["error"], waited)
-        info: RendezvousInfo = box["info"]
+        join = Call(self._inner.next_rendezvous, name="distinit-rendezvous-join")
+        # No bound of ours: torch's join ends at its own deadline (join_timeout), with an error we explain.
+        waited = wait_guarded(join, check=self._fatal_while_joining, every=self._poll_interval)
+        if isinstance(waited, Interrupted):  # the agent's wait raised (a signal): torch's join runs on, a daemon
+            raise waited.error
+        if isinstance(waited, Stopped):
+            self._abandoned = join.thread  # torch's join ends at its own deadline; this agent leaves now
+            self._linger()
+            raise self._mismatch(waited.reason)
+        try:
+            info = join.result()
+        except BaseException as error:  # torch's error, explained (or raised as it is)
+            self._fail(error, time.monotonic() - start)
         self._check_round()
         self._rounds += 1
         self._publish("joined")
@@ -333,14 +333,15 @@ class DistinitRendezvousHandler(RendezvousHandler):
             logger.debug("could not acknowledge the verdict of round %d: %s", round_, exc)
 
     def _await_acknowledgements(self, round_: int) -> None:
+        """Wait (at most :data:`CARDS_WAIT` s) until the round's other agents acknowledged this agent's verdict."""
         others = len(self._previous) - 1
-        deadline = time.monotonic() + CARDS_WAIT
+
+        def all_read() -> bool:
+            return int(self._store.add(f"{PREFIX}/verdict-read/{round_}", 0)) >= others
+
         try:
-            while int(self._store.add(f"{PREFIX}/verdict-read/{round_}", 0)) < others:
-                if time.monotonic() > deadline:
-                    logger.debug("%d agent(s) did not read the verdict of round %d in time", others, round_)
-                    return
-                time.sleep(POLL)
+            if not poll_until(all_read, every=POLL, until=time.monotonic() + CARDS_WAIT):
+                logger.debug("%d agent(s) did not read the verdict of round %d in time", others, round_)
         except (RuntimeError, ValueError) as exc:
             logger.debug("could not wait for the verdict to be read: %s", exc)
 
@@ -517,6 +518,19 @@ class DistinitRendezvousHandler(RendezvousHandler):
                 extra={"distinit": {"event": "rendezvous.foreign_card", "card": card.label}},
             )
 
+    def _fatal_while_joining(self) -> list[Disagreement] | None:
+        """The check run while torch's join blocks: read the cards; the fatal disagreements, or None (wait on)."""
+        self._refresh()
+        return self._verdict_while_waiting() or None
+
+    def _linger(self) -> None:
+        """Stay up :data:`LINGER` s before raising a disagreement, so the others read the same cards first.
+
+        The store may live in this agent; this card stays "waiting", so another job's agents still count it.
+        It ends early if the handler is shut down meanwhile (the store goes then anyway).
+        """
+        self._stop.wait(LINGER)
+
     def _verdict_while_waiting(self) -> list[Disagreement]:
         """The fatal disagreements among torch's participants of the round being joined; others are reported."""
         participants = self._state().participants
@@ -568,19 +582,13 @@ class DistinitRendezvousHandler(RendezvousHandler):
         if state.known and 0 < len(state.participants) < self._card.min_nodes:
             self._publish("failed")
             raise self._too_small(state)
-        deadline = time.monotonic() + CARDS_WAIT
-        while True:
+
+        def every_card_read() -> bool:
             self._refresh()
-            if state.known:
-                cards, foreign = round_cards(
-                    self._card, self._others(), state.participants, formed=True, waiting=state.wait_list
-                )
-            else:  # another torch, whose state is not readable: every card of this job is checked (a stale
-                # agent may be named too, but a disagreement is never missed)
-                cards, foreign = self._job_cards(), []
-            if (state.known and len(cards) >= len(state.participants)) or time.monotonic() > deadline:
-                break
-            time.sleep(POLL)
+            return state.known and len(self._round_cards(state)[0]) >= len(state.participants)
+
+        poll_until(every_card_read, every=POLL, until=time.monotonic() + CARDS_WAIT)
+        cards, foreign = self._round_cards(state)
         self._report_foreign(foreign)
         found = disagreements(cards)
         fatal = [d for d in found if d.fatal]
@@ -598,16 +606,28 @@ class DistinitRendezvousHandler(RendezvousHandler):
             )
         self._previous = state.participants
 
+    def _round_cards(self, state: RoundState) -> tuple[list[AgentCard], list[AgentCard]]:
+        """The cards of the formed round's participants, and the foreign ones among those read.
+
+        When torch's state is not readable (another torch), every card of this job is checked: a stale agent
+        may be named too, but a disagreement is never missed.
+        """
+        if not state.known:
+            return self._job_cards(), []
+        return round_cards(self._card, self._others(), state.participants, formed=True, waiting=state.wait_list)
+
     def _too_small(self, state: RoundState) -> AgentRoundTooSmallError:
         """Torch formed a round below ``--nnodes``' minimum: which live agents it left out, and their clocks.
 
         The job's cards are read for three beats first, so that each live agent's beat is seen to change
         (alive, by this agent's clock) and its clock offset is measured.
         """
-        end = time.monotonic() + 3 * self._beat_interval + POLL
-        while time.monotonic() < end:
+
+        def read_on() -> bool:
             self._refresh()
-            time.sleep(POLL)
+            return False  # every live agent's beat must be seen to change: read for the whole span
+
+        poll_until(read_on, every=POLL, until=time.monotonic() + 3 * self._beat_interval + POLL)
         run_id = self._card.run_id
         left = [
             (card.label, self._skews.get(index))
@@ -700,7 +720,7 @@ class DistinitRendezvousHandler(RendezvousHandler):
     def _state(self) -> RoundState:
         return round_state(self._inner)
 
-    def _fail(self, error: BaseException, waited: float) -> None:
+    def _fail(self, error: BaseException, waited: float) -> NoReturn:
         self._refresh()
         lost = self._answered and self._unanswered > 0  # the store answered, then stopped: its host left
         if lost and isinstance(error, RendezvousTimeoutError):

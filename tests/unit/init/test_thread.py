@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from distinit._guarded import Call
 from distinit.errors import DuplicateRankError, RendezvousError
 from distinit.init import _thread
 from distinit.init._thread import Abandoned, Handover, SingleFlight, check_no_leftover, leave_behind, run_guarded
@@ -52,11 +53,18 @@ def _daemon(body: Callable[[], object]) -> threading.Thread:
     return threading.Thread(target=body, name="t", daemon=True)
 
 
+def _call(body: Callable[[], object]) -> Call[None]:
+    def run() -> None:
+        body()
+
+    return Call(run, name="t")
+
+
 @pytest.mark.timeout(10)
 def test_run_guarded_waits_for_the_thread_to_end() -> None:
     ended = threading.Event()
     outcome = run_guarded(
-        _daemon(ended.set),
+        _call(ended.set),
         deadline_at=float("inf"),  # Thread.join(inf) would raise OverflowError
         handover=Handover(),
     )
@@ -69,7 +77,7 @@ def test_run_guarded_abandons_a_body_blocked_past_the_deadline(monkeypatch: pyte
     release = threading.Event()
     handover = Handover()
     started = time.monotonic()
-    outcome = run_guarded(_daemon(lambda: release.wait(10)), deadline_at=time.monotonic() + 0.1, handover=handover)
+    outcome = run_guarded(_call(lambda: release.wait(10)), deadline_at=time.monotonic() + 0.1, handover=handover)
     assert time.monotonic() - started < 0.1 + _thread.OVERRUN_GRACE + 2
     assert outcome.kind == "overrun" and outcome.error is None
     assert handover.abandoned and outcome.thread.is_alive()
@@ -94,17 +102,23 @@ def test_an_interrupted_wait_abandons_the_rendezvous_before_it_propagates() -> N
     timer = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGUSR1))
     timer.start()
     try:
-        outcome = run_guarded(_daemon(body), deadline_at=time.monotonic() + 30, handover=handover)
+        outcome = run_guarded(_call(body), deadline_at=time.monotonic() + 30, handover=handover)
     finally:
         timer.cancel()
         signal.signal(signal.SIGUSR1, previous)
     assert outcome.kind == "interrupted" and isinstance(outcome.error, KeyboardInterrupt)
     assert outcome.formed is False and handover.abandoned
     assert handover.claim() is False  # a group formed now would never be handed over
+    # Still running, and seen so: the caller's wait was never an interrupted Thread.join(), which on CPython 3.11
+    # marks a running thread stopped (a leftover would then look wound down while it still runs).
+    assert outcome.thread.is_alive()
+    leave_behind(outcome.thread, "interrupted", stuck=False)
+    check_no_leftover(0, patience=5)  # waits for it to wind down at its next check
+    assert not outcome.thread.is_alive()
 
 
-class _InterruptedStart(threading.Thread):
-    """A thread whose start() is interrupted just as it returns: Ctrl-C while the caller waits for it to run."""
+class _InterruptedStart(Call[None]):
+    """A call whose start() is interrupted just as it returns: Ctrl-C while the caller waits for it to run."""
 
     def start(self) -> None:
         super().start()
@@ -123,11 +137,11 @@ def test_a_ctrl_c_inside_the_threads_start_abandons_the_rendezvous_too() -> None
         except Abandoned:
             wound_down.set()
 
-    thread = _InterruptedStart(target=body, name="t", daemon=True)
-    outcome = run_guarded(thread, deadline_at=time.monotonic() + 30, handover=handover)
+    call = _InterruptedStart(body, name="t")
+    outcome = run_guarded(call, deadline_at=time.monotonic() + 30, handover=handover)
     assert outcome.kind == "interrupted" and isinstance(outcome.error, KeyboardInterrupt)
     assert handover.abandoned and wound_down.wait(5)  # not running on behind the caller's back
-    leave_behind(thread, "interrupted in start()", stuck=False)
+    leave_behind(call.thread, "interrupted in start()", stuck=False)
     check_no_leftover(0, patience=5)  # wound down: the next rendezvous may start
 
 
