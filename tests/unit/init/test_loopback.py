@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from distinit._guarded import Call
 from distinit.env import DistEnv
 from distinit.errors import RendezvousError
 from distinit.init import _loopback, _messages, _thread
@@ -172,7 +173,7 @@ def test_run_guarded_returns_an_early_verdict_while_the_thread_is_blocked() -> N
     handover = _thread.Handover()
     try:
         outcome = _thread.run_guarded(
-            threading.Thread(target=blocked, name="test-blocked", daemon=True),
+            Call(blocked, name="test-blocked"),
             deadline_at=time.monotonic() + 60,
             handover=handover,
             early=early,
