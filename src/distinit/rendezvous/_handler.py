@@ -527,9 +527,11 @@ class DistinitRendezvousHandler(RendezvousHandler):
         """Stay up :data:`LINGER` s before raising a disagreement, so the others read the same cards first.
 
         The store may live in this agent; this card stays "waiting", so another job's agents still count it.
-        It ends early if the handler is shut down meanwhile (the store goes then anyway).
+        A plain sleep, not a wait on the stop event: nothing sets that before this raise (torch's agent calls
+        ``shutdown()`` after it), and a timed lock wait never times out under libfaketime, which the clock-skew
+        test runs an agent under (measured: ``Event.wait(0.5)`` hangs there, ``time.sleep`` does not).
         """
-        self._stop.wait(LINGER)
+        time.sleep(LINGER)
 
     def _verdict_while_waiting(self) -> list[Disagreement]:
         """The fatal disagreements among torch's participants of the round being joined; others are reported."""
