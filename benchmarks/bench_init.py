@@ -47,6 +47,7 @@ def worker(spec: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
+    import distinit.init._setup  # noqa: F401  # the calls' work, else the first call imports it (issue 35)
     from distinit.env import env_from_scheduler
     from distinit.errors import DistinitError
     from distinit.init import init_with_retry
@@ -329,7 +330,8 @@ def nccl() -> dict[str, Any]:
         code = f"""
 import os, time, json, torch, torch.distributed as dist
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}")
-from distinit.init import setup# imported before the clock starts, as torch is
+import distinit.init._setup  # the work setup() imports on its first call (issue 35)
+from distinit.init import setup  # both imported before the clock starts, as torch is
 t = time.monotonic()  # both sides from before CUDA initialises: setup() binds the device itself
 if "{impl}" == "torch":
     torch.cuda.set_device(0)

@@ -43,6 +43,7 @@ ALLOWED = {
 #: Inside init, the data path first: a module may import only modules after it (docs/architecture.md).
 INIT_ORDER = (
     "_api",
+    "_setup",
     "_device",
     "_attempt",
     "_form",
@@ -71,6 +72,11 @@ FACE_EXTRAS: dict[str, dict[str, str]] = {
         "_LAZY": "the lazy face's table: each public name and the package it lives in",
     },
     "distinit.init": {
+        "TYPE_CHECKING": "the lazy face's machinery: type checkers see the real imports behind it",
+        "Any": "the lazy face's machinery: the type of __getattr__'s answer",
+        "importlib": "the lazy face's machinery: __getattr__ imports a module of init on first use",
+        "_LAZY": "the lazy face's table (issue 35: `from distinit import setup` builds no pydantic model): each "
+        "lazily resolved name and the module it lives in",
         "lost_peer": "the Lightning integration names the rank that went away from setup()'s liveness, which is "
         "init's process state: only init can answer",
         "check_advertised_address": "the doctor's names check applies setup()'s own loopback rule (its evidence "
@@ -330,13 +336,21 @@ def _bound(statements: list[ast.stmt]) -> tuple[set[str], set[str]]:
 
 
 def face_extras(path: Path) -> list[str]:
-    """The names the face ``path`` binds that are not in its ``__all__``, not its submodules and not dunders."""
+    """The names the face ``path`` binds that are not in its ``__all__``, not its submodules and not dunders.
+
+    A lazy face's table (a module-level ``_LAZY = {name: module}``) binds its keys too: its ``__getattr__``
+    answers them, so a side door behind it is still a side door.
+    """
     tree = ast.parse(path.read_text(), filename=str(path))
     listed: set[str] = set()
+    lazy: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             listed = set(ast.literal_eval(node.value))
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets):
+            lazy = set(ast.literal_eval(node.value))
     bound, deleted = _bound(tree.body)
+    bound |= lazy
     return sorted(
         name
         for name in bound - deleted - listed
@@ -381,9 +395,10 @@ def test_a_face_extra_is_seen(tmp_path: Path) -> None:
         "del _one\n"
         "def __getattr__(name): ...\n"
         "_TABLE = {}\n"
+        "_LAZY = {'Public': 'pkg._model', 'door': 'pkg._model'}\n"
         "__all__ = ['Public']\n"
     )
-    assert face_extras(face) == ["TYPE_CHECKING", "_TABLE", "helper", "importlib", "speed"]
+    assert face_extras(face) == ["TYPE_CHECKING", "_LAZY", "_TABLE", "door", "helper", "importlib", "speed"]
 
 
 def test_the_map_lists_every_allowed_face_extra() -> None:

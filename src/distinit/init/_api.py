@@ -1,92 +1,36 @@
-"""The public calls: ``setup()``, ``init_with_retry()``, ``teardown()``, and the one call they share.
+"""The public calls: ``setup()``, ``init_with_retry()``, ``teardown()``: their signatures, their words, the boundary.
 
-Both public calls normalise their arguments once (:class:`Bounds`, the backend, the pause policy) and run
-the same rendezvous (:func:`_rendezvous`) under the process's one single-flight guard; ``setup()`` also
-resolves and exports the world, binds the GPU and keeps watching the ranks' liveness until ``teardown()``.
+``from distinit import setup`` imports this module and nothing heavy (issue 35: <= 80 ms over ``import
+torch``): the work, its pydantic models (``SetupResult``, ``InitReport``, ``DistEnv``) and the rendezvous
+machinery live in ``_setup`` and what it imports, which the first call imports. Type checkers see the real
+types through ``TYPE_CHECKING``; the annotations stay strings (``from __future__ import annotations``), so
+``help()`` and ``inspect.signature`` show them as written.
 
-The boundary: inside, errors are raised ``from`` what caused them (an internal attempt failure, a torch or
-OS error), and they cross a thread and the attempt loop, so their tracebacks hold dozens of frames nobody
-needs. At the public functions the error is raised again without its traceback and ``from None``
-(:func:`readable`); the foreign cause stays available as ``exc.cause`` and the whole chain is logged at DEBUG.
+Both public calls normalise their arguments once (``Bounds``, the backend, the pause policy) and run the
+same rendezvous under the process's one single-flight guard; ``setup()`` also resolves and exports the world,
+binds the GPU and keeps watching the ranks' liveness until ``teardown()``. At these functions a distinit
+error is raised again without its traceback and ``from None`` (``_setup.readable``): its foreign cause stays
+available as ``exc.cause`` and the whole chain is logged at DEBUG.
 """
 
 from __future__ import annotations
 
-import atexit
-import gc
-import logging
 import os
-import sys
-import threading
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
-from torch.distributed import HashStore
-
-from distinit._foreign import first_line
-from distinit._identity import claim_of
-from distinit._torch import collective_counts, default_store, group_name
-from distinit.env import DistEnv, env_from_scheduler
 from distinit.errors import DistinitError
-from distinit.hang import HangSettings, OnHang
-from distinit.init import _loopback
-from distinit.init._attempt import Rendezvous
-from distinit.init._device import choose_backend, device_plan
-from distinit.init._form import settle
-from distinit.init._liveness import Liveness, consequence, peer_closed
-from distinit.init._policy import AttemptFailed, Backoff, Bounds
-from distinit.init._report import AttemptRecord, InitReport
-from distinit.init._thread import OVERRUN_GRACE, PROCESS, check_no_leftover
 
-logger = logging.getLogger("distinit.init")
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from datetime import timedelta
 
-#: Longest time teardown() spends naming a peer that went away (two beats and the store's round trips).
-LOST_BOUND = 5.0
+    import torch
 
-
-@dataclass(frozen=True)
-class _Call:
-    """One public call's arguments, normalised once on entry (the bounds validated before any effect)."""
-
-    bounds: Bounds
-    backoff: Backoff
-    verify: bool
-
-    @classmethod
-    def of(
-        cls, *, deadline: object, attempt_timeout: object, pg_timeout: object, backoff: Backoff | None, verify: bool
-    ) -> _Call:
-        """Validate and normalise (see :meth:`Bounds.of` for what it raises)."""
-        bounds = Bounds.of(deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout)
-        return cls(bounds=bounds, backoff=backoff or Backoff(), verify=verify)
-
-    @property
-    def patience(self) -> float:
-        """How long a concurrent caller waits for the call in flight."""
-        return self.bounds.deadline + OVERRUN_GRACE
-
-
-class SetupResult(BaseModel):
-    """What :func:`setup` did: the resolved world, how the group formed, and the device bound."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    env: DistEnv = Field(
-        description="The world, resolved from the launcher, verified by the ranks' host identities once the group "
-        "formed (unknown node rank, local world size and node count filled in), and exported to os.environ."
-    )
-    report: InitReport = Field(description="How the process group formed.")
-    device: str = Field(description='The device this rank computes on: "cuda:N" or "cpu".')
-
-
-# Their public home, set once built (pydantic resolves the annotations in the defining module): reprs and
-# pickles never name a private module.
-SetupResult.__module__ = "distinit.init"
+    from distinit.env import DistEnv
+    from distinit.hang import OnHang
+    from distinit.init._policy import Backoff
+    from distinit.init._report import InitReport
+    from distinit.init._setup import SetupResult
 
 
 def init_with_retry(
@@ -136,17 +80,13 @@ def init_with_retry(
         TypeError: a duration is not seconds or a ``timedelta`` (``"600"``, ``True``).
         ValueError: a duration is NaN, zero or negative.
     """
-    call = _Call.of(
+    from distinit.init._setup import Call, readable, run_init_with_retry  # the work: on the first call
+
+    call = Call.of(
         deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout, backoff=backoff, verify=verify
     )
     try:
-        world = env if env is not None else env_from_scheduler()
-        chosen = choose_backend(
-            backend, local_rank=world.local_rank, local_world_size=world.local_world_size, device_id=device_id
-        )
-        _loopback.check_world(rank=world.rank, world_size=world.world_size)
-        with PROCESS.flight.lead(what="init_with_retry()", rank=world.rank, patience=call.patience):
-            return _rendezvous(world, chosen, device_id=device_id, call=call)
+        return run_init_with_retry(backend, env=env, device_id=device_id, call=call)
     except DistinitError as exc:
         raise readable(exc) from None
 
@@ -201,8 +141,11 @@ def setup(
         TypeError: a duration is not seconds or a ``timedelta``; nothing was exported or bound.
         ValueError: a duration is NaN, zero or negative; nothing was exported or bound.
     """
+    from distinit.hang import HangSettings
+    from distinit.init._setup import Call, readable, run_setup  # the work: on the first call
+
     # Validated before any effect (export, device binding): a bad duration changes nothing.
-    call = _Call.of(
+    call = Call.of(
         deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout, backoff=backoff, verify=verify
     )
     hang = HangSettings.of(
@@ -212,173 +155,9 @@ def setup(
         environ=os.environ if environ is None else environ,
     )
     try:
-        with PROCESS.flight.lead(what="setup()", rank=None, patience=call.patience):
-            return _setup(backend, environ=environ, strict=strict, call=call, hang=hang)
+        return run_setup(backend, environ=environ, strict=strict, call=call, hang=hang, at_exit=teardown)
     except DistinitError as exc:
         raise readable(exc) from None
-
-
-def _setup(
-    backend: str | None, *, environ: Mapping[str, str] | None, strict: bool, call: _Call, hang: HangSettings
-) -> SetupResult:
-    """setup() itself, run by one thread of the process at a time."""
-    current = PROCESS.setup
-    if isinstance(current, SetupResult) and dist.is_initialized():
-        return current
-    env = env_from_scheduler(environ, strict=strict, export=True)
-    plan = device_plan(backend, local_rank=env.local_rank, local_world_size=env.local_world_size)
-    device_id: torch.device | None = None
-    device = "cpu"
-    if plan.backend == "nccl" and plan.device is not None:
-        torch.cuda.set_device(plan.device)
-        device_id = torch.device("cuda", plan.device)
-        device = f"cuda:{plan.device}"
-    _loopback.check_world(rank=env.rank, world_size=env.world_size)
-    report = _rendezvous(env, plan.backend, device_id=device_id, call=call)
-    if report.world is not None and report.world != env:
-        # What the world verified (node rank, local world size, node count) replaces the environment's
-        # unknowns in os.environ too, so Lightning and accelerate read the truth.
-        env = report.world
-        env.export()
-    result = SetupResult(env=env, report=report, device=device)
-    PROCESS.setup = result
-    if PROCESS.liveness is not None:  # a group destroyed without teardown(): its watch ends now
-        PROCESS.liveness.stop()
-    PROCESS.liveness = _watch(env, hang)
-    if not PROCESS.atexit_registered:
-        atexit.register(teardown)
-        PROCESS.atexit_registered = True
-    return result
-
-
-def _rendezvous(world: DistEnv, backend: str, *, device_id: int | torch.device | None, call: _Call) -> InitReport:
-    """The rendezvous itself (both public calls), run by one thread of the process at a time."""
-    bounds = call.bounds
-    # An interrupted call winds down at its next check, within one attempt's bound at worst.
-    check_no_leftover(world.rank, patience=min(bounds.deadline, bounds.attempt_timeout + OVERRUN_GRACE))
-    if _loopback.check_existing(backend=backend, rank=world.rank, world_size=world.world_size):
-        master = f"{world.master_addr}:{world.master_port}" if world.master_addr else None
-        return InitReport(
-            backend=backend,
-            rank=world.rank,
-            world_size=world.world_size,
-            master=master,
-            store="existing",
-            elapsed=0.0,
-            already_initialized=True,
-        )
-    trap = _loopback.preflight(backend, world, os.environ)
-    if world.world_size == 1 and not (world.master_addr and world.master_port):
-        return _alone(world, backend, bounds=bounds, device_id=device_id, verify=call.verify)
-    return Rendezvous(
-        env=world,
-        backend=backend,
-        bounds=bounds,
-        device_id=device_id,
-        verify=call.verify,
-        environ=os.environ,
-        backoff=call.backoff,
-        call=PROCESS.take_call(),
-        watch_init=trap is not None,
-    ).run()
-
-
-def _alone(
-    env: DistEnv, backend: str, *, bounds: Bounds, device_id: int | torch.device | None, verify: bool
-) -> InitReport:
-    """A world of one needs no network: a local store, as composer does."""
-    started = time.monotonic()
-    verified = settle(env, [claim_of(env, os.environ)]) if verify else None
-    dist.init_process_group(
-        backend, store=HashStore(), rank=0, world_size=1, timeout=bounds.init_timeout(), device_id=device_id
-    )
-    return InitReport(
-        world=verified,
-        backend=backend,
-        rank=0,
-        world_size=1,
-        store="hosted",
-        generation=0,
-        attempts=(AttemptRecord(number=1, generation=0, phase="done", elapsed=0.0, started_at=0.0),),
-        elapsed=round(time.monotonic() - started, 4),
-    )
-
-
-def _watch(env: DistEnv, hang: HangSettings | None = None) -> Liveness | None:
-    """Keep the ranks' liveness after setup() (see :class:`~._liveness.Liveness`) on the group's store."""
-    world_size = env.world_size
-    store = default_store() if world_size >= 2 else None
-    if store is None:
-        return None
-    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    return Liveness.started(
-        dist.PrefixStore("distinit", store),
-        rank=dist.get_rank(),
-        world_size=world_size,
-        environ=os.environ,
-        master=(addr, int(port)) if addr and port.isascii() and port.isdigit() else None,
-        torchrun=env.launcher == "torchrun",
-        hang=hang,
-        counts=collective_counts,
-        group_name=group_name,
-    )
-
-
-def _bounded_lost(liveness: Liveness) -> str:
-    """:meth:`Liveness.lost` in a thread, bounded: a store call that never returns cannot hold the exit."""
-    found: list[str] = []
-    thread = threading.Thread(target=lambda: found.append(liveness.lost(LOST_BOUND)), name="distinit-lost", daemon=True)
-    thread.start()
-    thread.join(LOST_BOUND + 1.0)
-    if found:
-        return found[0]
-    return f"unknown: the store did not answer within {LOST_BOUND:.0f} s (its host, rank 0, may be frozen)"
-
-
-def _name_the_lost(liveness: Liveness) -> None:
-    """The process ends on an uncaught exception: record why, and name who stopped first when it was a peer.
-
-    A collective that failed on a peer (or timed out waiting for one) is a consequence: this rank records so
-    (others never name it), then says which rank stopped first. Any other exception is this rank's own
-    failure: recorded with its type and first line, so the others can name it. Rank 0 then stays up until
-    the ranks still running read the finding from the store it hosts (bounded).
-    """
-    failed = getattr(sys, "last_value", None)
-    if failed is None or isinstance(failed, KeyboardInterrupt):
-        return
-    if consequence(failed):
-        liveness.record_exit("peer", first_line(failed))
-        logger.warning(
-            "rank %d: the collective failed because a peer went away: %s",
-            liveness.rank,
-            _bounded_lost(liveness),
-            extra={"distinit": {"event": "init.peer_closed", "rank": liveness.rank}},
-        )
-    else:
-        liveness.record_exit("error", f"{type(failed).__name__}: {first_line(failed)}")
-        if liveness.rank != 0:
-            return
-        logger.warning(
-            "rank 0: leaving on its own error; the store it hosts stays up until the others know why: %s",
-            _bounded_lost(liveness),
-            extra={"distinit": {"event": "init.own_failure", "rank": 0}},
-        )
-    if liveness.rank == 0:
-        liveness.linger(LOST_BOUND)  # the others read the finding from the store rank 0 hosts
-
-
-def lost_peer(exc: BaseException) -> str | None:
-    """Who stopped first, when ``exc`` is a collective that failed because a peer went away (bounded).
-
-    The words name the rank, or say "unknown" with the facts. None when ``exc`` is another failure or
-    :func:`setup` does not watch the ranks (it did not form the group). This rank is recorded as a
-    consequence first, so no other rank names it.
-    """
-    liveness = PROCESS.liveness
-    if not isinstance(liveness, Liveness) or not peer_closed(exc):
-        return None
-    liveness.record_exit("peer", first_line(exc))
-    return liveness.lost(LOST_BOUND)
 
 
 def teardown() -> None:
@@ -388,41 +167,6 @@ def teardown() -> None:
     closed by peer", NCCL's remote errors), it first logs a WARNING naming the rank, host and pid that went
     away and when it last beat (:class:`~._liveness.Liveness`).
     """
-    PROCESS.setup = None
-    liveness, PROCESS.liveness = PROCESS.liveness, None
-    if liveness is not None:
-        _name_the_lost(liveness)
-        liveness.stop()
-    if dist.is_available() and dist.is_initialized():
-        # Free cyclic garbage that still holds the group (a DDP reducer, say) while the interpreter is
-        # fully alive: left to interpreter shutdown, its native threads may be torn down out of order.
-        gc.collect()
-        try:
-            dist.destroy_process_group()
-        except (RuntimeError, AssertionError, ValueError) as exc:
-            logger.warning(
-                "destroy_process_group failed at teardown: %s",
-                exc,
-                extra={"distinit": {"event": "init.teardown_failed", "error": type(exc).__name__}},
-            )
+    from distinit.init._setup import run_teardown
 
-
-def readable(exc: DistinitError) -> DistinitError:
-    """``exc`` ready to be raised ``from None`` at a public function (see the module docstring)."""
-    if exc.cause is None:
-        exc.cause = foreign_cause(exc)
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("the error below in full, with what caused it", exc_info=exc)
-    return exc.with_traceback(None)
-
-
-def foreign_cause(exc: BaseException) -> BaseException | None:
-    """The first exception in ``exc``'s chain that is neither a distinit error nor an attempt failure."""
-    seen: set[int] = set()
-    current = exc.__cause__ or exc.__context__
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if not isinstance(current, (DistinitError, AttemptFailed)):
-            return current
-        current = current.__cause__ or current.__context__
-    return None
+    run_teardown()

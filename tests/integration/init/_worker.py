@@ -38,6 +38,7 @@ def main() -> None:
     import torch.distributed as dist
 
     import distinit
+    import distinit.init._setup  # the calls' work, else imported by the first call (issue 35)
     from distinit.init import Backoff, init_with_retry
 
     if spec.get("after_file"):  # start late relative to a peer's call, not to our own (slow) imports

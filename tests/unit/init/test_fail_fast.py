@@ -16,11 +16,11 @@ from torch.distributed import HashStore
 
 from distinit.errors import IncompleteEnvError, MalformedEnvError, PortInUseError, RankLostError, RendezvousError
 from distinit.init import _loopback, _messages
-from distinit.init._api import readable
 from distinit.init._heartbeat import Heartbeat, Silent
 from distinit.init._join import Keys
 from distinit.init._policy import AttemptFailed
 from distinit.init._report import AttemptRecord, InitReport
+from distinit.init._setup import readable
 
 
 def test_rank_lost_verdict_travels_the_store_and_names_the_rank() -> None:
