@@ -80,6 +80,7 @@ elif step == "control: 30,000 lists":
     kept = [[] for _ in range(30_000)]
 t3, c3 = time.perf_counter(), time.process_time()
 in_step = list(pauses)
+after_step = set(sys.modules)  # what the step imported, not the env_from_scheduler() import below
 env_s = None
 if first_env:
     from distinit import env_from_scheduler
@@ -95,8 +96,8 @@ print(json.dumps({
     "first_env_s": env_s,
     "gc_pause_s": sum(s for _, s in in_step),
     "gc_full_s": sum(s for g, s in in_step if g == 2),
-    "new_modules": len(set(sys.modules) - after_torch),
-    "new_watched": [m for m in watched if m in sys.modules and m not in after_torch],
+    "new_modules": len(after_step - after_torch),
+    "new_watched": [m for m in watched if m in after_step and m not in after_torch],
     "before_step": [m for m in watched if m in after_torch],
 }))
 """
