@@ -80,9 +80,9 @@ def init_with_retry(
         TypeError: a duration is not seconds or a ``timedelta`` (``"600"``, ``True``).
         ValueError: a duration is NaN, zero or negative.
     """
-    from distinit.init._setup import Call, readable, run_init_with_retry  # the work: on the first call
+    from distinit.init._setup import Arguments, readable, run_init_with_retry  # the work: on the first call
 
-    call = Call.of(
+    call = Arguments.of(
         deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout, backoff=backoff, verify=verify
     )
     try:
@@ -142,10 +142,10 @@ def setup(
         ValueError: a duration is NaN, zero or negative; nothing was exported or bound.
     """
     from distinit.hang import HangSettings
-    from distinit.init._setup import Call, readable, run_setup  # the work: on the first call
+    from distinit.init._setup import Arguments, readable, run_setup  # the work: on the first call
 
     # Validated before any effect (export, device binding): a bad duration changes nothing.
-    call = Call.of(
+    call = Arguments.of(
         deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout, backoff=backoff, verify=verify
     )
     hang = HangSettings.of(

@@ -52,7 +52,7 @@ LOST_BOUND = 5.0
 
 
 @dataclass(frozen=True)
-class Call:
+class Arguments:
     """One public call's arguments, normalised once on entry (the bounds validated before any effect)."""
 
     bounds: Bounds
@@ -62,7 +62,7 @@ class Call:
     @classmethod
     def of(
         cls, *, deadline: object, attempt_timeout: object, pg_timeout: object, backoff: Backoff | None, verify: bool
-    ) -> Call:
+    ) -> Arguments:
         """Validate and normalise (see :meth:`Bounds.of` for what it raises)."""
         bounds = Bounds.of(deadline=deadline, attempt_timeout=attempt_timeout, pg_timeout=pg_timeout)
         return cls(bounds=bounds, backoff=backoff or Backoff(), verify=verify)
@@ -92,7 +92,7 @@ SetupResult.__module__ = "distinit.init"
 
 
 def run_init_with_retry(
-    backend: str | None, *, env: DistEnv | None, device_id: int | torch.device | None, call: Call
+    backend: str | None, *, env: DistEnv | None, device_id: int | torch.device | None, call: Arguments
 ) -> InitReport:
     """:func:`distinit.init_with_retry` once its arguments are normalised: resolve, choose, rendezvous."""
     world = env if env is not None else env_from_scheduler()
@@ -109,7 +109,7 @@ def run_setup(
     *,
     environ: Mapping[str, str] | None,
     strict: bool,
-    call: Call,
+    call: Arguments,
     hang: HangSettings,
     at_exit: Callable[[], None],
 ) -> SetupResult:
@@ -127,7 +127,7 @@ def _set_up(
     *,
     environ: Mapping[str, str] | None,
     strict: bool,
-    call: Call,
+    call: Arguments,
     hang: HangSettings,
     at_exit: Callable[[], None],
 ) -> SetupResult:
@@ -161,7 +161,7 @@ def _set_up(
     return result
 
 
-def _rendezvous(world: DistEnv, backend: str, *, device_id: int | torch.device | None, call: Call) -> InitReport:
+def _rendezvous(world: DistEnv, backend: str, *, device_id: int | torch.device | None, call: Arguments) -> InitReport:
     """The rendezvous itself (both public calls), run by one thread of the process at a time."""
     bounds = call.bounds
     # An interrupted call winds down at its next check, within one attempt's bound at worst.
