@@ -6,7 +6,7 @@ import pytest
 
 from distinit.init import lost_peer
 from distinit.init._policy import Backoff
-from distinit.init._setup import Call
+from distinit.init._setup import Arguments
 from distinit.init._thread import PROCESS
 
 
@@ -16,7 +16,7 @@ def _fresh_process() -> None:
 
 
 def test_the_call_is_normalised_once() -> None:
-    call = Call.of(deadline=60, attempt_timeout=5, pg_timeout=None, backoff=None, verify=True)
+    call = Arguments.of(deadline=60, attempt_timeout=5, pg_timeout=None, backoff=None, verify=True)
     assert call.bounds.deadline == 60.0 and call.bounds.pg_timeout is None
     assert call.backoff == Backoff() and call.patience > 60.0
 
@@ -32,7 +32,7 @@ def test_the_call_is_normalised_once() -> None:
 def test_a_bad_argument_is_refused_on_entry(kwargs: dict[str, object], error: type[Exception]) -> None:
     arguments: dict[str, object] = {"deadline": 60, "attempt_timeout": 5, "pg_timeout": None, **kwargs}
     with pytest.raises(error):
-        Call.of(**arguments, backoff=None, verify=True)  # type: ignore[arg-type]
+        Arguments.of(**arguments, backoff=None, verify=True)  # type: ignore[arg-type]
 
 
 def test_process_state_numbers_calls_and_resets() -> None:
