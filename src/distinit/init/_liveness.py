@@ -43,7 +43,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Literal
@@ -519,21 +519,9 @@ class Liveness:
         if self.rank != 0:  # judging for a silent rank 0: read every rank's beat, as rank 0 does
             self._silent([r for r in ranks if r != self.rank], self._judge_seen, math.inf)
             seen = self._judge_seen
-        silent: dict[int, float] = {}
-        process: dict[int, str] = {}
-        for rank in ranks:
-            beat = now - seen[rank][1] if rank in seen else None
-            stale = now - self._pos_seen[rank][1] if rank in self._pos_seen else None
-            if rank == self.rank:
-                continue
-            published = self._pos_seen[rank][0] if rank in self._pos_seen else None
-            beats = _beat_number(seen[rank][0]) if rank in seen else None
-            if rank in self._left:
-                silent[rank], process[rank] = math.inf, "left"
-            elif beat is not None and beats is not None and published is not None and beats - published >= NOPOS:
-                process[rank] = "nopos"  # it beat NOPOS times since its last position: it publishes none
-            else:
-                silent[rank] = beat if beat is not None else (stale or 0.0)
+        silent, process = silence(
+            [r for r in ranks if r != self.rank], beats=seen, positions=self._pos_seen, left=self._left, now=now
+        )
         states = states_of(positions, ranks=ranks, silent_for=silent, process=lambda r: process.get(r, ""))
         if not hang.needs_detail(states, silent_after=self._stale):
             return
@@ -911,6 +899,43 @@ def _wall(beat: bytes) -> float | None:
 def _plausible_who(host: str, pid: str) -> bool:
     """``host|pid`` as a rank writes it: a printable host name (no spaces) and a decimal pid."""
     return 0 < len(host) <= 255 and host.isprintable() and " " not in host and pid.isascii() and pid.isdigit()
+
+
+def silence(
+    ranks: Sequence[int],
+    *,
+    beats: Mapping[int, tuple[bytes, float]],
+    positions: Mapping[int, tuple[int | None, float]],
+    left: Collection[int],
+    now: float,
+) -> tuple[dict[int, float], dict[int, str]]:
+    """How long each rank has been silent as the hang judge sees it, and what is known of its process.
+
+    ``beats``: each rank's beat value and when this watch first saw it; ``positions``: the beat number each
+    rank's position carries and when it was first seen. Silent for: since its beat last changed, else since
+    its position last changed. A rank that left is silent forever ("left"); one that beat :data:`NOPOS` times
+    since the beat its position carries publishes no position ("nopos"). A position that carries a *newer*
+    beat than the one read for it was written between the judge's two reads (beats, then positions): the rank
+    beat just now, so it is not silent. (Reading that rank's old beat as its last sign of life once gave a
+    rank that had held the GIL for 15 s and had just entered the collective "silent since", and the verdict
+    flipped from naming it to "none is missing" for the one rank that read it then.)
+    """
+    silent: dict[int, float] = {}
+    process: dict[int, str] = {}
+    for rank in ranks:
+        beat = now - beats[rank][1] if rank in beats else None
+        stale = now - positions[rank][1] if rank in positions else None
+        published = positions[rank][0] if rank in positions else None
+        number = _beat_number(beats[rank][0]) if rank in beats else None
+        if rank in left:
+            silent[rank], process[rank] = math.inf, "left"
+        elif number is not None and published is not None and published > number:
+            silent[rank] = stale or 0.0  # its position is newer than the beat read before it: alive just now
+        elif beat is not None and number is not None and published is not None and number - published >= NOPOS:
+            process[rank] = "nopos"  # it beat NOPOS times since its last position: it publishes none
+        else:
+            silent[rank] = beat if beat is not None else (stale or 0.0)
+    return silent, process
 
 
 def _beat_number(beat: bytes) -> int | None:
