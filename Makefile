@@ -12,8 +12,12 @@ PYTEST_ARGS ?=
 # process start-up); more workers starve the tests' own rank processes of CPU on a loaded machine. Fixtures
 # are safe side by side: ports from the kernel or from a slice per worker (tests/integration/init/
 # init_launch.py), namespaces named by pid, one Slurm cluster per worker. Not --dist loadgroup: with pytest
-# 9.2 it silently stops grouping (pytest-dev/pytest-xdist#1386). PYTEST_XDIST= runs one process.
-PYTEST_XDIST ?= -n 3
+# 9.2 it silently stops grouping (pytest-dev/pytest-xdist#1386). --maxschedchunk=1: xdist's load scheduler
+# otherwise hands each worker a first chunk of a quarter of its share, in collection order, so one worker got
+# the 203 heaviest integration tests (1711 s of test time) while the other two finished in 585 s and 694 s and
+# then sat idle (clean clone of c002de3, DISTINIT_TEST_CPU). One test at a time keeps all three busy to the
+# end, and the cheap unit tests, collected last, fill the tail. PYTEST_XDIST= runs one process.
+PYTEST_XDIST ?= -n 3 --maxschedchunk=1
 
 .PHONY: all venv system demo prepare test test-stress test-compat flakes lint unit integration bench dist dist-check clean
 

@@ -67,7 +67,7 @@ def _one_round(
     run after it with nothing beside them, burners included.
     """
     python = str(ROOT / ".venv" / "bin" / "python")
-    xdist = ["-n", str(workers)] if workers else ["-p", "no:xdist"]
+    xdist = ["-n", str(workers), "--maxschedchunk=1"] if workers else ["-p", "no:xdist"]  # as make test (Makefile)
     started = time.monotonic()
     cases: list[tuple[str, str, str]] = []
     for name, args, burners in (("xdist", [*xdist, "-m", "not alone"], per_core), ("alone", ["-m", "alone"], 0)):

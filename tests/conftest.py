@@ -63,5 +63,6 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     wall, own, children, forked = (round(b - a, 3) for a, b in zip(start, end, strict=True))
     line = {"test": item.nodeid, "wall": wall, "self": own, "children": children, "forked": forked}
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(where).mkdir(parents=True, exist_ok=True)
     with (Path(where) / f"cpu-{worker}.jsonl").open("a") as out:
         out.write(json.dumps(line) + "\n")
