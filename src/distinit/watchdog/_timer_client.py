@@ -54,8 +54,10 @@ _OPEN_TRIES = 10
 _OPEN_PAUSE = 0.1
 # fail_open: how long after a failed open before the next attempt (regions in between run unguarded).
 _FAIL_OPEN_RETRY = 5.0
-# How long a write waits for room in a full FIFO before giving up.
+# How long a write waits in a full FIFO in which no room appears (the server reads nothing) before giving up.
 _FULL_WAIT = 1.0
+# The longest a write waits while room keeps appearing but other writers keep taking it (a busy, reading server).
+_CONTENDED_WAIT = 30.0
 # After finding no marker, how long before the next look (its failed open costs about as much as the
 # open and close of the FIFO itself). Until then the reader is taken for torch's: the safe side.
 _PROBE_EVERY = 1.0
@@ -224,7 +226,7 @@ class FileTimerClient:
     Args:
         file_path: the FIFO the server created.
         signal: what the server sends the worker on expiry (default SIGKILL: exit status -9; ≤ 0: only log).
-        fail_open: when no server is reading (no FIFO, nobody reading it, FIFO full for 1 s), warn once and
+        fail_open: when no server is reading (no FIFO, nobody reading it, no room in it for 1 s), warn once and
             run the region unguarded instead of raising ``BrokenPipeError`` (torch's behaviour, the default).
         dump_stacks: with distinit's server, install faulthandler on the dump signal so the server can
             record this worker's stack (torch's server never asks for one: no handler, no file).
@@ -378,7 +380,7 @@ class FileTimerClient:
                 return
             except BlockingIOError:
                 if not self._write_when_room(fd, line):
-                    self._unavailable(f"the FIFO stayed full for {_FULL_WAIT:g} s: the server is not reading it")
+                    self._unavailable(f"the FIFO had no room for {_FULL_WAIT:g} s: the server is not reading it")
                 return
             except OSError:  # EPIPE: the server went away; its successor made a new FIFO: reopen once
                 if kept:
@@ -423,16 +425,22 @@ class FileTimerClient:
 
     @staticmethod
     def _write_when_room(fd: int, line: bytes) -> bool:
-        """Write ``line`` once the full FIFO has room, within _FULL_WAIT; False when it stayed full.
+        """Write ``line`` once the full FIFO has room; False when no room appeared for _FULL_WAIT.
 
         Other threads and workers write to the same FIFO: room seen by poll can be taken before this
-        write, so it waits again (a single retry raised BrokenPipeError from a busy, healthy server).
+        write, so it waits again (a single retry raised BrokenPipeError from a busy, healthy server). Room
+        that appears is the server reading, so each time it does the _FULL_WAIT starts over: a write that
+        keeps losing the room to other writers was given up after 1 s, though the server was reading
+        (eight threads on a loaded machine, issue 34's stress round). _CONTENDED_WAIT bounds the whole wait.
         """
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
-        deadline = time.monotonic() + _FULL_WAIT
-        while (left := deadline - time.monotonic()) > 0:
-            poller.poll(max(1, math.ceil(left * 1000)))
+        now = time.monotonic()
+        cap = now + _CONTENDED_WAIT
+        deadline = now + _FULL_WAIT
+        while (left := min(deadline, cap) - time.monotonic()) > 0:
+            if poller.poll(max(1, math.ceil(left * 1000))):
+                deadline = time.monotonic() + _FULL_WAIT  # room appeared: the server reads
             try:
                 os.write(fd, line)
             except BlockingIOError:
