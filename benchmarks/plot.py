@@ -1005,6 +1005,23 @@ def _suite_row(suite: dict[str, Any] | None, limit_s: float = 720.0) -> Row:  # 
     )
 
 
+def _stress_row(flakes: dict[str, Any] | None) -> Row:  # issue 34: every test passes beside 2 burners per core
+    target = "every integration test passes beside 2 CPU burners per core (`scripts/flakes.py`)"
+    if flakes is None:
+        how = "no results/flakes.json: `make flakes`"
+        return _row(target, "not measured yet", "results/flakes.json", "not measured yet", how)
+    runs = flakes.get("runs", [])
+    totals: dict[str, int] = {}
+    for run in runs:
+        for outcome, n in run.get("counts", {}).items():
+            totals[outcome] = totals.get(outcome, 0) + n
+    seconds = sum(float(run.get("seconds", 0)) for run in runs)
+    measured = f"{len(runs)} round(s), {seconds / 60:.0f} min: " + ", ".join(f"{n} {k}" for k, n in totals.items())
+    flaky = [f"{f['test'].rsplit('::', 1)[-1]} ({f['failed']} of {f['of']})" for f in flakes.get("flaky", [])]
+    verdict, reason = _verdict(not flaky and bool(runs), "failed: " + "; ".join(flaky) if flaky else None)
+    return _row(target, measured, "results/flakes.json", verdict, reason)
+
+
 def _shm_source() -> tuple[str, dict[str, Any] | None]:
     """The newer of broadcast.json (a default run includes the repeat part) and broadcast_shm_repeat.json."""
     found = []
@@ -1039,6 +1056,7 @@ def targets_27() -> list[Row]:
         rows += _shm_rows(shm, source)
         rows.append(_auto_row(shm, source))
     rows.append(_suite_row(load("suite")))
+    rows.append(_stress_row(load("flakes")))
     return rows
 
 
