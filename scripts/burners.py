@@ -5,6 +5,13 @@ every test must pass on a machine that is busy with something else (a CI runner'
 build). The burners are started here and stopped here, by pid, whatever the command does; their nice value is
 0, like the tests', so they really compete for the CPU.
 
+They stay in the caller's session, so each counts as one more busy process beside the tests, whatever the kernel's
+scheduler does with sessions. Linux's autogroup (``/proc/sys/kernel/sched_autogroup_enabled``, 1 on this project's
+machines) shares the CPU between sessions first, then between the processes of each: the burners once started a
+session each, and 4 burners on 2 cores then took 4/5 of the machine, not 4 processes' share. Beside them the 4
+ranks of an mpirun test got 0.1 core each (``ps`` showed 5-6 CPU-s each after 58 s, all runnable) and the
+launch took 69-72 s, not 23 s; the stress round's missed hang guards came from there (issue 34).
+
     python scripts/burners.py [--per-core N] -- COMMAND [ARG...]
 
 Exit status: the command's.
@@ -29,10 +36,8 @@ LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for
 def burning(per_core: int = 2) -> Iterator[list[int]]:
     """Keep ``per_core`` x ``os.cpu_count()`` burners running for the ``with`` block; yield their pids."""
     count = per_core * (os.cpu_count() or 1)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", LOOP], stdin=subprocess.DEVNULL, start_new_session=True)
-        for _ in range(count)
-    ]
+    # No start_new_session: a session of its own is a scheduling group of its own under autogroup (module doc).
+    procs = [subprocess.Popen([sys.executable, "-c", LOOP], stdin=subprocess.DEVNULL) for _ in range(count)]
     try:
         yield [p.pid for p in procs]
     finally:

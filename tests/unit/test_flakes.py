@@ -62,3 +62,12 @@ def test_burners_run_for_the_block_and_are_gone_after_it() -> None:
         assert len(pids) == os.cpu_count()
         assert all(Path(f"/proc/{pid}").exists() for pid in pids)
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # killed and reaped by pid
+
+
+@pytest.mark.timeout(30)
+def test_burners_share_the_callers_session_so_each_weighs_one_process() -> None:
+    # Under autogroup a session is a scheduling group: a burner in a session of its own would weigh as much as the
+    # whole test suite (4 burners on 2 cores took 4/5 of the CPU, and the stress round missed hang guards).
+    burning = _load("burners").burning
+    with burning(1) as pids:
+        assert {os.getsid(pid) for pid in pids} == {os.getsid(0)}
