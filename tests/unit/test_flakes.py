@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))  # flakes imports its sibling burners
-    try:
-        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(SCRIPTS))
+from tests._scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def flakes() -> ModuleType:
-    return _load("flakes")
+    return load_script("flakes")
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -57,7 +43,7 @@ def test_testcases_reads_outcomes_node_ids_and_failure_text(flakes: ModuleType, 
 
 @pytest.mark.timeout(30)
 def test_burners_run_for_the_block_and_are_gone_after_it() -> None:
-    burning = _load("burners").burning
+    burning = load_script("burners").burning
     with burning(1) as pids:
         assert len(pids) == os.cpu_count()
         assert all(Path(f"/proc/{pid}").exists() for pid in pids)
@@ -68,6 +54,6 @@ def test_burners_run_for_the_block_and_are_gone_after_it() -> None:
 def test_burners_share_the_callers_session_so_each_weighs_one_process() -> None:
     # Under autogroup a session is a scheduling group: a burner in a session of its own would weigh as much as the
     # whole test suite (4 burners on 2 cores took 4/5 of the CPU, and the stress round missed hang guards).
-    burning = _load("burners").burning
+    burning = load_script("burners").burning
     with burning(1) as pids:
         assert {os.getsid(pid) for pid in pids} == {os.getsid(0)}

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "suite_acct.py"
+from tests._scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def acct() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("suite_acct", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves its annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("suite_acct")
 
 
 def record(acct: ModuleType, pid: int, ppid: int, comm: str, utime: int, stime: int = 0, version: int = 3) -> bytes:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "suite_cpu.py"
+from tests._scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def suite_cpu() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("suite_cpu", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("suite_cpu")
 
 
 LINES = [

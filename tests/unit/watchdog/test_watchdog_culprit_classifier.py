@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import faulthandler
-import importlib.util
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -12,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tests._scripts import load_file
 
 from distinit.watchdog._batch import gather, role_and_note
 from distinit.watchdog._culprit import Finding, Member, assess, classify, judge, thread_frames
@@ -48,11 +48,7 @@ def _fake_torch_module(root: Path) -> Callable[[Any], None]:
     path = root / "torch" / "distributed" / "distributed_c10d.py"
     path.parent.mkdir(parents=True)
     path.write_text("def all_reduce(lock):\n    lock.acquire(timeout=30)\n")
-    spec = importlib.util.spec_from_file_location("fake_c10d_for_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    wait: Callable[[Any], None] = module.all_reduce
+    wait: Callable[[Any], None] = load_file(path, "fake_c10d_for_test").all_reduce
     return wait
 
 
