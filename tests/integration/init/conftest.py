@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from init_launch import Launcher, free_port
+from tests._scripts import load_script
 
 
 @pytest.fixture
@@ -26,18 +24,8 @@ def port() -> int:
     return free_port()
 
 
-#: A busy loop that ends by itself once its parent (this pytest worker) is gone, even after a SIGKILL.
-BURN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(100_000): pass"
-
-
 @pytest.fixture
 def burners() -> Iterator[list[int]]:
-    """Two busy loops per core beside the test (started and stopped by pid): a loaded machine, on purpose."""
-    count = 2 * (os.cpu_count() or 1)
-    procs = [subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.DEVNULL) for _ in range(count)]
-    try:
-        yield [p.pid for p in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait(timeout=30)
+    """Two busy loops per core beside the test (scripts/burners.py: started and stopped by pid, in this session)."""
+    with load_script("burners").burning(2) as pids:
+        yield pids
