@@ -138,6 +138,9 @@ class Enforcer:
             result = self._ladder(w, stack_path, dumped)
         result.detail = " ".join(part for part in (note, result.detail, _dump_note(result)) if part)
         ev = expired_event(self.path, w, info, detected=detected, stack_path=stack_path, result=result, role=role)
+        # Gone from worker_pids() before anyone hears of the expiry: the loop forgets the worker only later (it
+        # owns the selector), and an on_expire callback or a reader of the events file would see it watched.
+        w.gone = result.outcome not in ("released", "unkillable")
         self.report(ev)
         self._done.put((w.key, None if result.outcome == "released" else result))
         self._wake()

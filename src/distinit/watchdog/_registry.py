@@ -45,8 +45,8 @@ class Registry:
             return list(self._workers.values())
 
     def pids(self) -> list[int]:
-        """The watched workers' pids, sorted."""
-        return sorted(w.ref.pid for w in self.snapshot())
+        """The watched workers' pids, sorted (not those a kill ladder ended, whose forgetting is pending)."""
+        return sorted(w.ref.pid for w in self.snapshot() if not w.gone)
 
     def watch(self, pid: int, start: int, uid: int, *, adopting: bool) -> Worker | str:
         """Verify ``pid``, open its table and start watching it; the worker, or why not."""

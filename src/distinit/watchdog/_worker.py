@@ -25,6 +25,7 @@ class Worker:
     busy: bool = False  # a kill ladder is running
     unkillable: bool = False
     exited: bool = False
+    gone: bool = False  # its kill ladder ended it: no longer watched, though the server loop has yet to forget it
     identity: Identity = field(default_factory=Identity)  # from its hello; unknown for an adopted table
     mismatch: str = ""  # how the claimed ranks contradict /proc/<pid>/environ ("" when they do not)
     key: tuple[int, int] = field(init=False)
