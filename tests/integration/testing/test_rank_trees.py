@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from tests._pidns import UNSHARE_PID, own_pid_namespace_unavailable
 
 from distinit.errors import DistributedTestError
 from distinit.testing import run_distributed
@@ -81,26 +82,14 @@ if __name__ == "__main__":
 """
 
 
-def _own_pid_namespace_works() -> str | None:
-    """Why this machine cannot run a pid namespace of the test's own (None: it can)."""
-    if os.geteuid() != 0:
-        return "forcing pid reuse needs root (a pid namespace and a writable ns_last_pid)"
-    if shutil.which("unshare") is None:
-        return "needs unshare(1) from util-linux"
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30)
-    if probe.returncode != 0:
-        return f"unshare --pid failed here: {probe.stderr.decode(errors='replace').strip()}"
-    return None
-
-
 def test_a_recycled_pid_of_an_early_rank_is_never_signalled(tmp_path: Path) -> None:
-    reason = _own_pid_namespace_works()
+    reason = own_pid_namespace_unavailable()
     if reason is not None:
         pytest.skip(reason)
     script = tmp_path / "pid_reuse.py"
     script.write_text(PID_REUSE)
     out = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script)],
+        [*UNSHARE_PID, sys.executable, str(script)],
         capture_output=True,
         text=True,
         timeout=110,

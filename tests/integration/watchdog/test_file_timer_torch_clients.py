@@ -13,7 +13,6 @@ import json
 import multiprocessing as mp
 import os
 import select
-import shutil
 import signal
 import stat
 import subprocess
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._pidns import UNSHARE_PID, own_pid_namespace_unavailable
 from wd_helpers import Workers, expired_for, read_events, read_json_line, torchrun_path, wait_for
 
 from distinit.watchdog._proc import start_time
@@ -211,19 +211,8 @@ if bystander is not None:
 """
 
 
-def _own_pid_namespace_works() -> str | None:
-    if os.geteuid() != 0:
-        return "forcing pid reuse needs root (a pid namespace and a writable ns_last_pid)"
-    if shutil.which("unshare") is None:
-        return "needs unshare(1) from util-linux"
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30)
-    if probe.returncode != 0:
-        return f"unshare --pid failed here: {probe.stderr.decode(errors='replace').strip()}"
-    return None
-
-
 def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
-    reason = _own_pid_namespace_works()
+    reason = own_pid_namespace_unavailable()
     if reason is not None:
         pytest.skip(reason)
     pytest.importorskip("torch.distributed.elastic.timer")
@@ -232,10 +221,7 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     out = subprocess.run(
         [
-            "unshare",
-            "--pid",
-            "--fork",
-            "--mount-proc",
+            *UNSHARE_PID,
             sys.executable,
             str(script),
             *(str(tmp_path / "fifo"),),

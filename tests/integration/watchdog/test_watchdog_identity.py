@@ -8,21 +8,21 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from wd_helpers import Workers, read_events, read_json_line, wait_for
+from tests._pidns import UNSHARE_PID, own_pid_namespace_unavailable
+from wd_helpers import WORKER, Workers, read_events, wait_for
 
 from distinit.watchdog import WatchdogServer, _slots
 from distinit.watchdog._ladder import LadderConfig, run_ladder
 from distinit.watchdog._proc import ProcessRef, start_time
 
 pytestmark = pytest.mark.timeout(60)
-
-NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 
 
 def bystander(workers: Workers, **popen: object) -> subprocess.Popen[str]:
@@ -58,40 +58,62 @@ def test_pidfd_outlives_the_pid(workers: Workers) -> None:
     ref.close()
 
 
-def _grab_pid(workers: Workers, pid: int) -> subprocess.Popen[str] | None:
-    """Start `sleep 60` with exactly ``pid`` via ns_last_pid (root); None if another process won the race."""
-    for _ in range(20):
-        with open(NS_LAST_PID, "w") as fh:
-            fh.write(str(pid - 1))
-        proc = bystander(workers)
-        if proc.pid == pid:
-            return proc
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    return None
+# Runs as pid 1 of a pid namespace of its own: forcing a pid through ns_last_pid there moves no other process's
+# counter (in the machine's namespace it handed concurrent tests' daemons numbers freed moments before). A worker
+# registers a 1.5 s region and dies armed; `sleep` is started with its pid; the server must not signal it.
+PID_REUSE = """
+import json, os, signal, subprocess, sys, time
+from distinit.watchdog import WatchdogServer
 
-
-@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="forcing pid reuse needs a writable ns_last_pid (root)")
-@pytest.mark.parametrize("use_pidfd", [pytest.param(True, id="pidfd"), pytest.param(False, id="procfs-start-time")])
-def test_forced_pid_reuse_never_kills_the_bystander(
-    make_server: Callable[..., WatchdogServer],
-    workers: Workers,
-    events_file: Path,
-    use_pidfd: bool,
-) -> None:
-    server = make_server(use_pidfd=use_pidfd)
-    worker = workers.spawn(server.env(), "sleep", "1.5")
-    assert read_json_line(worker, 30)["registered"] is True
-    pid = worker.pid
-    os.kill(pid, signal.SIGKILL)  # dies armed; its deadline is still 1.5 s ahead
-    worker.wait(10)
-    victim = _grab_pid(workers, pid)
-    if victim is None:
-        pytest.skip(f"could not recycle pid {pid}: other processes took it first")
+wd_dir, events, worker_script, use_pidfd = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "pidfd"
+server = WatchdogServer(wd_dir, grace=0.0, events=events, use_pidfd=use_pidfd).start()
+env = {**os.environ, **server.env()}
+worker = subprocess.Popen([sys.executable, worker_script, "sleep", "1.5"], env=env, stdout=subprocess.PIPE, text=True)
+registered = json.loads(worker.stdout.readline())["registered"]
+pid = worker.pid
+os.kill(pid, signal.SIGKILL)  # dies armed; its deadline is still 1.5 s ahead
+worker.wait()
+victim = None
+for _ in range(50):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+        fh.write(str(pid - 1))
+    proc = subprocess.Popen(["sleep", "60"])
+    if proc.pid == pid:
+        victim = proc
+        break
+    proc.kill()
+    proc.wait()
+if victim is not None:
     time.sleep(2.5)  # past the dead worker's deadline (and several server scans)
-    assert victim.poll() is None, "the watchdog killed a process that merely reused a worker's pid"
-    assert not [e for e in read_events(events_file) if e["event"] == "watchdog.expired"]
-    assert pid not in server.worker_pids()
+alive = victim is not None and victim.poll() is None
+listed = pid in server.worker_pids()
+server.stop()
+found = {"registered": registered, "pid": pid, "victim": victim is not None, "alive": alive, "listed": listed}
+print(json.dumps(found))
+if victim is not None:
+    victim.kill()
+    victim.wait()
+"""
+
+
+@pytest.mark.parametrize("use_pidfd", [pytest.param(True, id="pidfd"), pytest.param(False, id="procfs-start-time")])
+def test_forced_pid_reuse_never_kills_the_bystander(tmp_path: Path, use_pidfd: bool) -> None:
+    reason = own_pid_namespace_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    script = tmp_path / "pid_reuse.py"
+    script.write_text(PID_REUSE)
+    events = tmp_path / "events.jsonl"
+    argv = [str(tmp_path / "wd"), str(events), WORKER, "pidfd" if use_pidfd else "procfs"]
+    out = subprocess.run([*UNSHARE_PID, sys.executable, str(script), *argv], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["registered"] is True, report
+    if not report["victim"]:
+        pytest.skip(f"could not recycle pid {report['pid']}: other processes took it first")
+    assert report["alive"], "the watchdog killed a process that merely reused a worker's pid"
+    assert not [e for e in read_events(events) if e["event"] == "watchdog.expired"]
+    assert not report["listed"], report
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as user 'nobody'")
