@@ -241,12 +241,37 @@ PartitionName=debug Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=U
     return path
 
 
+#: The daemons this process started, by pid, with their output files: a daemon that ends during the start is
+#: reported with how it ended (its exit status or the signal that killed it) and its last output.
+_SPAWNED: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
+
+
 def _spawn(name: str, cmd: list[str], env: dict[str, str], log: Path) -> Proc:
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
         )
+    _SPAWNED[proc.pid] = (proc, log)
     return Proc(name, proc.pid, cmd)
+
+
+def _ended(p: Proc) -> str:
+    """How daemon ``p`` (found not running) ended, as far as this process can tell, and its last output."""
+    spawned = _SPAWNED.get(p.pid)
+    if spawned is None:
+        return f"{p.name} (pid {p.pid}) is not running"
+    proc, log = spawned
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # alive, yet not running the command it was started with
+        how = f"runs {_cmdline(p.pid)} instead of {p.cmdline}"
+    else:
+        how = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code} ({signal.strsignal(-code)})"
+    try:
+        tail = log.read_bytes()[-800:].decode(errors="replace").strip()
+    except OSError as exc:
+        tail = f"(unreadable: {exc})"
+    return f"{p.name} (pid {p.pid}) {how}; its output ends: {tail or '(nothing)'!r}"
 
 
 def _wait_idle(cluster: Cluster, timeout: float) -> None:
@@ -256,7 +281,7 @@ def _wait_idle(cluster: Cluster, timeout: float) -> None:
     while time.monotonic() < deadline:
         for p in cluster.procs:
             if not _alive(p):
-                raise RuntimeError(f"{p.name} (pid {p.pid}) exited; logs in {cluster.workdir}/log")
+                raise RuntimeError(f"{_ended(p)}; logs in {cluster.workdir}/log")
         try:
             out = subprocess.run(
                 ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True, timeout=10

@@ -7,6 +7,7 @@ stops the cluster by pid when the owner ends.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -36,3 +37,16 @@ def test_the_daemons_end_with_their_owner(tmp_path: Path) -> None:
         owner.kill()
         owner.wait(timeout=10)
         stop_cluster(workdir)
+
+
+@pytest.mark.timeout(30)
+def test_a_daemon_that_ends_during_the_start_is_reported_with_how_it_ended(tmp_path: Path) -> None:
+    # A clean-clone run failed with only "guard (pid N) exited": whether it crashed or was killed (and by what
+    # signal) was lost with the machine. The report now says how it ended and what it printed last.
+    env = dict(os.environ)
+    killed = cluster._spawn("guard", ["sh", "-c", "echo about to go; kill -TERM $$"], env, tmp_path / "guard.out")
+    failed = cluster._spawn("slurmd", ["sh", "-c", "echo bad config >&2; exit 3"], env, tmp_path / "slurmd.out")
+    assert cluster._ended(killed) == (
+        f"guard (pid {killed.pid}) was killed by signal 15 (Terminated); its output ends: 'about to go'"
+    )
+    assert cluster._ended(failed) == f"slurmd (pid {failed.pid}) exited with status 3; its output ends: 'bad config'"
