@@ -60,12 +60,16 @@ class Agent:
         """SIGKILL this agent and its workers (its own process group, and its children: torchrun may give its
         workers sessions of their own)."""
         if self.proc.poll() is None:
-            children = _children(self.proc.pid)
+            pinned = []  # pidfds, opened while the agent (unreaped: ours to reap) still holds them as children
+            for pid in _children(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    pinned.append(os.pidfd_open(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            for pid in children:
+            for fd in pinned:  # through the pidfd: a child that already exited is not signalled by its number
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                os.close(fd)
 
 
 def _children(parent: int) -> list[int]:

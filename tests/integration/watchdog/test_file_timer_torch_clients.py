@@ -7,7 +7,6 @@ under torchrun the daemon takes the agent's place as the job's FileTimer server.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import multiprocessing as mp
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from tests._pidns import UNSHARE_PID, own_pid_namespace_unavailable
-from wd_helpers import Workers, expired_for, read_events, read_json_line, torchrun_path, wait_for
+from wd_helpers import Pinned, Workers, expired_for, read_events, read_json_line, torchrun_path, wait_for
 
 from distinit.watchdog._proc import start_time
 from distinit.watchdog._timer_client import stack_path
@@ -92,8 +91,8 @@ def test_the_requested_signal_is_the_one_sent(server: FileTimerServer, workers: 
     assert worker.wait(30) == -signal.SIGTERM
 
 
-def _serve_behind_a_shell(workers: Workers, tmp_path: Path, fifo: str, events: Path) -> tuple[int, int]:
-    """``distinit watchdog serve --torch-fifo`` as the child of a shell: (daemon pid, its parent's pid).
+def _serve_behind_a_shell(workers: Workers, tmp_path: Path, fifo: str, events: Path) -> tuple[Pinned, int]:
+    """``distinit watchdog serve --torch-fifo`` as the child of a shell: (the daemon, its parent's pid).
 
     The daemon's parent is the shell, not this test process, so a failure to protect "the parent" could
     never kill pytest.
@@ -104,7 +103,7 @@ def _serve_behind_a_shell(workers: Workers, tmp_path: Path, fifo: str, events: P
     )
     shell = workers.track(subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.PIPE, text=True))
     assert shell.stdout is not None
-    daemon = int(shell.stdout.readline())
+    daemon = Pinned(int(shell.stdout.readline()))
     wait_for(lambda: os.path.exists(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode), 30, "the daemon's FIFO")
     return daemon, shell.pid
 
@@ -112,7 +111,8 @@ def _serve_behind_a_shell(workers: Workers, tmp_path: Path, fifo: str, events: P
 def test_hostile_fifo_writes_never_stop_the_daemon_nor_kill_what_they_name(
     workers: Workers, tmp_path: Path, fifo: str, events_file: Path
 ) -> None:
-    daemon, shell = _serve_behind_a_shell(workers, tmp_path, fifo, events_file)
+    pinned, shell = _serve_behind_a_shell(workers, tmp_path, fifo, events_file)
+    daemon = pinned.pid
     # A process group of its own (never this test's: a kill(-pgid) gone wrong must not reach pytest). pid 0
     # and -1 (the caller's group, every process of the user) are refused by the same rule (pid > 0), which
     # tests/unit/watchdog/test_file_timer_requests.py checks without risking the machine.
@@ -152,16 +152,16 @@ def test_hostile_fifo_writes_never_stop_the_daemon_nor_kill_what_they_name(
         assert read_json_line(worker, 90)["ready"]
         assert worker.wait(30) == -signal.SIGKILL
         wait_for(expired_for(events_file, worker.pid), 10, "the honest worker's expired event")
-        for pid in (daemon, shell):
-            os.kill(pid, 0)  # both alive: raises ProcessLookupError otherwise
+        assert pinned.alive()
+        os.kill(shell, 0)  # alive: raises ProcessLookupError otherwise
         assert grouped.poll() is None
         refused = {e["pid"]: e for e in read_events(events_file) if e.get("outcome") == "refused"}
         assert {daemon, shell, 1, -grouped.pid} <= set(refused)
         assert all(e["signals"] == [] for e in refused.values())
         assert "\\xe9\\n\\x00" in refused[daemon]["scope"]
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(daemon, signal.SIGTERM)
+        pinned.signal(signal.SIGTERM)
+        pinned.close()
     shell_proc = next(p for p in workers.procs if p.pid == shell)
     assert shell_proc.wait(30) == 0  # the daemon stopped cleanly on SIGTERM (status 0), so its shell did
 
@@ -271,10 +271,10 @@ def test_under_torchrun_the_daemon_takes_the_agents_place(
         assert [(e["pid"], e["scope"], e["outcome"]) for e in expired] == [
             (attempts[0]["pid"], "step-attempt0", "killed")
         ]
-        os.kill(daemon, 0)  # the daemon survived too
+        assert daemon.alive()  # the daemon survived too
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(daemon, signal.SIGTERM)
+        daemon.signal(signal.SIGTERM)
+        daemon.close()
 
 
 def _acquire_in_child(client: object) -> None:

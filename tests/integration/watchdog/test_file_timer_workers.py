@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from wd_helpers import Workers, expired_for, read_events, read_json_line, wait_for
+from wd_helpers import Pinned, Workers, expired_for, read_events, read_json_line, wait_for
 
 from distinit.watchdog._timer_server import MAX_TIMERS_PER_PID
 from distinit.watchdog.elastic import FileTimerClient, FileTimerRequest, FileTimerServer
@@ -64,7 +64,7 @@ def test_only_workers_are_signalled_never_a_bystander_nor_an_ancestor_shell(
         subprocess.Popen(["sh", "-c", "sleep 120 & echo $!; wait"], stdout=subprocess.PIPE, text=True, env=_clean_env())
     )
     assert launcher.stdout is not None
-    launched = int(launcher.stdout.readline())
+    launched = Pinned(int(launcher.stdout.readline()))
     bystander = workers.track(subprocess.Popen(["sleep", "120"], env=_clean_env()))
     daemon_cmd = (
         f"{shlex.quote(sys.executable)} -m distinit.cli watchdog serve --path {tmp_path / 'wd'} --grace 0 "
@@ -80,12 +80,12 @@ def test_only_workers_are_signalled_never_a_bystander_nor_an_ancestor_shell(
         )
     )
     assert outer.stdout is not None
-    daemon = int(outer.stdout.readline())
+    daemon = Pinned(int(outer.stdout.readline()))
     try:
         wait_for(lambda: os.path.exists(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode), 60, "the daemon's FIFO")
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         try:
-            for pid in (bystander.pid, outer.pid, launched):
+            for pid in (bystander.pid, outer.pid, launched.pid):
                 _forge(fd, pid)
         finally:
             os.close(fd)
@@ -101,7 +101,7 @@ def test_only_workers_are_signalled_never_a_bystander_nor_an_ancestor_shell(
         assert read_json_line(worker, 90)["ready"]
         assert worker.wait(30) == -signal.SIGKILL
         assert wait_for(expired_for(events_file, worker.pid), 10, "the worker's event")["outcome"] == "killed"
-        killed = wait_for(expired_for(events_file, launched), 10, "the launched sleep's event")
+        killed = wait_for(expired_for(events_file, launched.pid), 10, "the launched sleep's event")
         assert killed["outcome"] == "killed"  # a descendant of --workers-of: a worker
         with contextlib.suppress(subprocess.TimeoutExpired):
             launcher.wait(10)  # its child died: the launcher's `wait` returns
@@ -113,12 +113,12 @@ def test_only_workers_are_signalled_never_a_bystander_nor_an_ancestor_shell(
         assert "TORCHELASTIC_TIMER_FILE" in expired_for(events_file, bystander.pid)()["detail"]  # what to do
         assert bystander.poll() is None
         os.kill(outer.pid, 0)  # alive: raises ProcessLookupError otherwise
-        os.kill(daemon, 0)
+        assert daemon.alive()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(daemon, signal.SIGTERM)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(launched, signal.SIGKILL)
+        daemon.signal(signal.SIGTERM)
+        launched.signal(signal.SIGKILL)
+        daemon.close()
+        launched.close()
     assert outer.wait(30) == 0
 
 

@@ -6,7 +6,6 @@ another user (a throw-away account created by the ``other_user`` fixture; skippe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -16,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from wd_helpers import WORKER, Workers, expired_for, read_events, read_json_line, wait_for
+from wd_helpers import WORKER, Pinned, Workers, expired_for, read_events, read_json_line, wait_for
 
 from conftest import OtherUser
 from distinit.errors import WatchdogError
 from distinit.watchdog import WatchdogClient, WatchdogServer, _slots
-from distinit.watchdog._proc import start_time, state
+from distinit.watchdog._proc import start_time
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,14 +158,15 @@ def test_a_thread_id_of_the_servers_parent_is_never_signalled(
         )
     )
     facts = read_json_line(parent, 30)
+    server = Pinned(facts["server"])
     try:
         assert facts["tid"] != parent.pid
         time.sleep(1.5)  # three scans of a table naming the parent's thread, 1 s past its deadline
         assert parent.poll() is None, "the server signalled its parent through one of the parent's thread ids"
         assert expired_events(events_file) == []
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(facts["server"], signal.SIGKILL)
+        server.signal(signal.SIGKILL)
+        server.close()
 
 
 # ----------------------------------------------------------------------------- item 8
@@ -224,6 +224,7 @@ def test_kill_group_spares_a_group_the_worker_does_not_lead(
         )
     )
     facts = read_json_line(launcher, 30)
+    sibling = Pinned(facts["sibling"])
     try:
         assert facts["registered"] is True
         ev = wait_for(expired_for(events_file, facts["hung"]), 20, "the expired event")
@@ -231,10 +232,10 @@ def test_kill_group_spares_a_group_the_worker_does_not_lead(
         assert "does not lead its process group" in ev["detail"]
         time.sleep(0.2)
         assert launcher.poll() is None, "the launcher was killed with the worker's group"
-        assert state(facts["sibling"]) not in (None, "Z"), "a healthy sibling rank was killed"
+        assert sibling.alive(), "a healthy sibling rank was killed"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(facts["sibling"], signal.SIGKILL)
+        sibling.signal(signal.SIGKILL)
+        sibling.close()
 
 
 # ----------------------------------------------------------------------------- item 9

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from wd_helpers import WORKER, Workers, expired_for, read_events, read_json_line, wait_for
+from wd_helpers import WORKER, Pinned, Workers, expired_for, read_events, read_json_line, wait_for
 
 from distinit.watchdog import WatchdogServer
 
@@ -190,21 +188,20 @@ def test_server_never_registers_its_own_process(make_server: Callable[..., Watch
 def test_kill_group_takes_the_workers_children_along(
     make_server: Callable[..., WatchdogServer], workers: Workers, events_file: Path, kill_group: bool
 ) -> None:
-    from distinit.watchdog._proc import state
 
     server = make_server(kill_group=kill_group)
     proc = workers.spawn(server.env(), "group", "0.4", start_new_session=True)  # as torchrun starts workers
-    child = read_json_line(proc, 30)["child"]
+    child = Pinned(read_json_line(proc, 30)["child"])
     try:
         assert proc.wait(20) in (-signal.SIGTERM, -signal.SIGKILL)
         wait_for(expired_for(events_file, proc.pid), 5, "the expired event")
         if kill_group:
-            wait_for(lambda: state(child) in (None, "Z"), 20, "the worker's child to die with its group")
+            wait_for(lambda: not child.alive(), 20, "the worker's child to die with its group")
         else:
-            assert state(child) not in (None, "Z")  # only the worker itself was signalled
+            assert child.alive()  # only the worker itself was signalled
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
+        child.signal(signal.SIGKILL)
+        child.close()
 
 
 # A worker leading its own group, with a child that dies on SIGTERM (``sleep``) or ignores it (it needs the
@@ -230,7 +227,7 @@ def test_kill_group_reaches_the_group_after_the_worker_was_reaped(tmp_path: Path
     import threading
 
     from distinit.watchdog._ladder import LadderConfig, run_ladder
-    from distinit.watchdog._proc import PIDFD_SIGNAL_PROCESS_GROUP, ProcessRef, state
+    from distinit.watchdog._proc import PIDFD_SIGNAL_PROCESS_GROUP, ProcessRef
 
     reaped = threading.Event()
 
@@ -246,10 +243,10 @@ def test_kill_group_reaches_the_group_after_the_worker_was_reaped(tmp_path: Path
     leader = subprocess.Popen(
         [sys.executable, "-c", _LEADER, child_kind], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
-    child = 0
+    child: Pinned | None = None
     try:
         assert leader.stdout is not None
-        child = int(leader.stdout.readline())
+        child = Pinned(int(leader.stdout.readline()))
         ref = PreemptedAfterSigterm.open(leader.pid)
         assert ref is not None and ref.leads_group and ref.pidfd is not None
         if child_kind == "ignores":
@@ -262,11 +259,14 @@ def test_kill_group_reaches_the_group_after_the_worker_was_reaped(tmp_path: Path
         ref.close()
         assert leader.returncode == -signal.SIGTERM
         assert result.outcome == "killed"
-        wait_for(lambda: state(child) in (None, "Z"), 20, "the worker's child to die with its group")
+        pinned = child
+        wait_for(lambda: not pinned.alive(), 20, "the worker's child to die with its group")
         assert "SIGKILL" in result.signals  # sent to the group, the worker being gone already
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child or leader.pid, signal.SIGKILL)
+        if child is not None:
+            child.signal(signal.SIGKILL)
+            child.close()
+        leader.kill()  # a Popen: nothing is sent once it was reaped
         leader.wait(10)
         if leader.stdout is not None:
             leader.stdout.close()

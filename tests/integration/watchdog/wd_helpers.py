@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -60,6 +61,37 @@ def expired_for(events: Path, pid: int) -> Callable[[], dict[str, Any] | None]:
         return next((e for e in read_events(events) if e["event"] == "watchdog.expired" and e["pid"] == pid), None)
 
     return find
+
+
+class Pinned:
+    """A process the test knows only by number (a grandchild, a daemon behind a shell), pinned by a pidfd at once.
+
+    The number is freed when the process's parent reaps it, and then names whatever process gets it next, anywhere
+    on the machine: a clean-up's ``os.kill(pid)`` after the process died kills a stranger (another test's
+    daemon). Pinned while the test knows the number is that process, it is signalled through the pidfd, which
+    reaches that process or, once it has exited, nothing.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None = os.pidfd_open(pid)  # ProcessLookupError: already gone when the test learned it
+
+    def alive(self) -> bool:
+        """Whether the process has not exited (the pidfd turns readable when it does)."""
+        if self._fd is None:
+            return False
+        return not select.select([self._fd], [], [], 0)[0]
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to this process; nothing when it has exited, whoever holds its number now."""
+        if self._fd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._fd, sig)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class Workers:
