@@ -53,6 +53,7 @@ from torch.distributed import Store
 
 from distinit._board import Board, text
 from distinit._duration import wait_bound
+from distinit._foreign import first_line
 from distinit._net import probe
 from distinit.errors import RankLostError
 from distinit.hang import DEFAULT_HANG_AFTER, HangSettings, HangWatch, Peers, beat_of, states_of, still_of
@@ -68,6 +69,12 @@ WHO_WAIT = 5.0
 NOPOS = 3
 #: With ``on_hang="abort"``, how often a rank reads the hang verdict between beats (seconds).
 ABORT_POLL = 0.2
+#: A store call that met a closed or refused connection: the store's server let go of it (its host is leaving).
+STORE_CLOSED = re.compile(
+    r"got 0 bytes|Connection was likely closed|Connection reset by peer|Broken pipe|Connection refused", re.IGNORECASE
+)
+#: How long a rank whose store closed its connection waits for rank 0's process (this host) to be gone (seconds).
+EXIT_WAIT = 2.0
 #: Appended to rank 0's beat once the ``lost`` board holds a finding: the other ranks read and cache it.
 MARK = "|lost"
 
@@ -302,6 +309,7 @@ class Liveness:
         self._pos_seen: dict[int, tuple[int | None, float]] = {}  # judge: rank -> its position's beat, first seen
         self._judge_seen: dict[int, tuple[bytes, float]] = {}  # rank 1 judging: every rank's beat as seen
         self._hang_failed = False
+        self._bye_read = False  # not rank 0: this rank's watch read rank 0's bye (and said so on the store)
 
     @property
     def _board(self) -> Board:
@@ -381,18 +389,63 @@ class Liveness:
         self._thread = threading.Thread(target=self._run, name=f"distinit-liveness-rank{self.rank}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, see_off: float = 0.0) -> None:
         """Stop beating and watching (before the group and its store are destroyed).
 
         The thread's last act is a ``bye`` beat, so watchers know this rank left on purpose: a rank that
         finished and called ``teardown()`` is no "stopped" warning on a rank 0 that is still saving a
         checkpoint. Written by the thread, the join below bounds what a dead store can cost at exit.
+        ``see_off`` (rank 0, seconds): keep the store up until the ranks still beating read that bye
+        (:meth:`_see_off`).
         """
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(wait_bound(0.5))
+        if see_off > 0 and self.rank == 0 and self.finding is None:
+            with contextlib.suppress(RuntimeError, OSError, AttributeError):  # a dead store: nobody can read it
+                self._see_off(see_off)
         self.store = None  # type: ignore[assignment]  # let go of the store (rank 0: its server)
+
+    def _see_off(self, bound: float) -> None:
+        """Rank 0 leaves through teardown(): keep its store up until every rank still beating read its ``bye``.
+
+        A survivor whose store dies judges rank 0 by its beat as last read (:meth:`_store_gone`). Had it missed
+        the ``bye``, a rank 0 that caught a collective's error and ended normally (``sys.exit``, a framework's
+        ``except``) would look like the rank that stopped first. Each watch acknowledges the ``bye`` when it
+        reads it, at its next beat; a rank that said ``bye`` itself or whose process is gone here is not waited
+        for. At most ``bound`` s (:meth:`hold`): a survivor starved for longer says "unknown" instead.
+        """
+        if self.world_size < 2 or self.store.get(f"beat/{self.rank}") != BYE.encode():
+            return
+        waiting = list(range(1, self.world_size))
+        end, logged = time.monotonic() + bound, False
+        while waiting:
+            acked = set(self._present(waiting, "byeseen"))
+            beating = [r for r in self._present(waiting, "beat") if r not in acked]
+            beats = dict(zip(beating, self.store.multi_get([f"beat/{r}" for r in beating]), strict=True))
+            for rank in beats:
+                self.describe(rank)  # reads its who key once, for _process
+            waiting = [r for r, beat in beats.items() if beat != BYE.encode() and self._process(r) != "gone"]
+            if not waiting:
+                return
+            if not logged:
+                logged = True
+                logger.debug(
+                    "rank 0: keeps the store up until %s read that it leaves (at most %.0f s)",
+                    ", ".join(self.describe(r) for r in waiting),
+                    bound,
+                    extra={"distinit": {"event": "init.see_off", "rank": 0}},
+                )
+            if time.monotonic() >= end:
+                logger.info(
+                    "rank 0: leaves after %.0f s with %s not having read that it leaves (starved or frozen?)",
+                    bound,
+                    ", ".join(self.describe(r) for r in waiting),
+                    extra={"distinit": {"event": "init.see_off_ended", "rank": 0, "waiting": waiting}},
+                )
+                return
+            time.sleep(min(0.05, self._beat_every / 4))
 
     def _run(self) -> None:
         try:
@@ -610,6 +663,9 @@ class Liveness:
                 self._rank0 = (now, value)
                 if value.endswith(MARK.encode()):
                     self._learn()
+                elif value == BYE.encode() and not self._bye_read:
+                    self._bye_read = True
+                    self.store.set(f"byeseen/{self.rank}", "1")  # rank 0 may now take its store away (_see_off)
             if value == BYE.encode():  # left on purpose (teardown): never silent
                 seen.pop(rank, None)
                 self._left.add(rank)
@@ -705,10 +761,10 @@ class Liveness:
             self.finding = published
             self._mark()
             return published
-        except (RuntimeError, OSError, AttributeError):  # AttributeError: the store was let go of
+        except (RuntimeError, OSError, AttributeError) as exc:  # AttributeError: the store was let go of
             if self.finding is not None:  # learnt by the thread meanwhile
                 return self.finding
-            return self._store_gone(self.hold(bound))
+            return self._store_gone(self.hold(bound), exc)
         finally:
             with contextlib.suppress(RuntimeError, OSError, AttributeError):
                 self._board.acknowledge()
@@ -805,7 +861,7 @@ class Liveness:
         failed = self._failed_at if self._failed_at is not None else time.monotonic()
         return max(0.0, failed - self._rank0[0])
 
-    def _store_gone(self, hold: float) -> str:
+    def _store_gone(self, hold: float, failure: BaseException | None = None) -> str:
         """This rank's store calls fail and it holds no finding: is rank 0, the store host, gone, and first?
 
         Rank 0 marks its beat as soon as it holds a finding and keeps the store up ``hold`` s for the ranks
@@ -813,12 +869,28 @@ class Liveness:
         evidence that it stopped first only if this rank last saw rank 0 without a finding (its beat read by
         the watch, or rank 0 answering as setup() returned) less than ``hold`` (and a margin) before the store
         failed: else the mark may have come and gone unseen.
+
+        ``failure``: what the store call raised. A store that closed or refused the connection while rank 0's
+        process (on this host) still runs is a rank 0 on its way out: its exit is waited for, briefly.
         """
         who = self.describe(0)
         host_pid = self._who.get(0)
         if host_pid is not None and host_pid.partition("|")[0] == self.host:
+            closed = failure is not None and STORE_CLOSED.search(str(failure)) is not None
             gone = _gone_here(host_pid, self.host)
-            evidence = "its process is gone" if gone else "its process is still running (frozen or busy?)"
+            end = time.monotonic() + (EXIT_WAIT if closed else 0.0)
+            while not gone and time.monotonic() < end:
+                time.sleep(0.05)
+                gone = _gone_here(host_pid, self.host)
+            if gone:
+                evidence = "its process is gone"
+            elif closed:
+                evidence = (
+                    f"its process was still running {EXIT_WAIT:.0f} s after the store closed this rank's connection "
+                    f"({first_line(failure or 'no detail')})"
+                )
+            else:
+                evidence = "its process is still running (frozen or busy?)"
         else:
             gone, evidence = self._port_refuses()
         if not gone:
@@ -875,6 +947,15 @@ class Liveness:
     def linger(self, bound: float) -> None:
         """Rank 0 (the store host): stay up until the ranks not proven gone read the finding, or :meth:`hold` s."""
         board, waited = self._board, sorted(self.alive)
+        with contextlib.suppress(RuntimeError, OSError, AttributeError):
+            unread = [r for r in waited if not board.acknowledged([r])] if waited else ["every rank"]
+            if unread:
+                logger.info(
+                    "rank 0: keeps the store up until %s read the finding (at most %.0f s)",
+                    ", ".join(r if isinstance(r, str) else self.describe(r) for r in unread),
+                    self.hold(bound),
+                    extra={"distinit": {"event": "init.linger", "rank": 0}},
+                )
         # By rank, not by count: a consequence that acknowledged and left counts in ``seen`` too, and must not
         # stand in for a rank still blocked in its collective (which then found the store gone).
         board.linger(

@@ -245,17 +245,24 @@ def _bounded_lost(liveness: Liveness) -> str:
     return f"unknown: the store did not answer within {LOST_BOUND:.0f} s (its host, rank 0, may be frozen)"
 
 
-def _name_the_lost(liveness: Liveness) -> None:
+def _name_the_lost(liveness: Liveness) -> bool:
     """The process ends on an uncaught exception: record why, and name who stopped first when it was a peer.
 
     A collective that failed on a peer (or timed out waiting for one) is a consequence: this rank records so
     (others never name it), then says which rank stopped first. Any other exception is this rank's own
     failure: recorded with its type and first line, so the others can name it. Rank 0 then stays up until
-    the ranks still running read the finding from the store it hosts (bounded).
+    the ranks still running read the finding from the store it hosts (bounded). So does a rank 0 that ends
+    normally holding a finding: it caught the error (Lightning's settings exchange, a user's ``except``).
+
+    Returns whether rank 0 should see the others off (:meth:`Liveness.stop`): not after a Ctrl-C.
     """
     failed = getattr(sys, "last_value", None)
-    if failed is None or isinstance(failed, KeyboardInterrupt):
-        return
+    if isinstance(failed, KeyboardInterrupt):
+        return False
+    if failed is None:
+        if liveness.rank == 0 and liveness.finding is not None:
+            liveness.linger(LOST_BOUND)  # the others may not have read the finding it holds yet
+        return True
     if consequence(failed):
         liveness.record_exit("peer", first_line(failed))
         logger.warning(
@@ -267,7 +274,7 @@ def _name_the_lost(liveness: Liveness) -> None:
     else:
         liveness.record_exit("error", f"{type(failed).__name__}: {first_line(failed)}")
         if liveness.rank != 0:
-            return
+            return True
         logger.warning(
             "rank 0: leaving on its own error; the store it hosts stays up until the others know why: %s",
             _bounded_lost(liveness),
@@ -275,6 +282,7 @@ def _name_the_lost(liveness: Liveness) -> None:
         )
     if liveness.rank == 0:
         liveness.linger(LOST_BOUND)  # the others read the finding from the store rank 0 hosts
+    return True
 
 
 def lost_peer(exc: BaseException) -> str | None:
@@ -296,8 +304,8 @@ def run_teardown() -> None:
     PROCESS.setup = None
     liveness, PROCESS.liveness = PROCESS.liveness, None
     if liveness is not None:
-        _name_the_lost(liveness)
-        liveness.stop()
+        see_off = _name_the_lost(liveness)
+        liveness.stop(see_off=liveness.hold(LOST_BOUND) if see_off else 0.0)
     if dist.is_available() and dist.is_initialized():
         # Free cyclic garbage that still holds the group (a DDP reducer, say) while the interpreter is
         # fully alive: left to interpreter shutdown, its native threads may be torn down out of order.

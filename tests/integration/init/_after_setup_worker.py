@@ -4,9 +4,13 @@ argv: a JSON spec (``dir``: the test's tmp dir; ``mode``: "finish" for a normal 
 longer than the others; "raise": rank ``raiser`` raises ValueError after the go; "gil": after the go, rank
 ``holder`` holds the GIL for ``hold`` s in one C call while the others wait in an all_reduce with it, then every
 rank all_reduces once more and tears down; "junk": right after setup, rank ``forger`` writes junk to the
-finding's store key and a forged host|pid to its own who key, then every rank loops as by default). Each rank
-writes what distinit logs about who went away to ``finding<rank>.json`` (the first such message and its time).
-Uncaught errors end the process as a user's script would (traceback, atexit teardown).
+finding's store key and a forged host|pid to its own who key, then every rank loops as by default). By default
+the ranks in ``catchers`` catch the failed collective as Lightning or a user's ``except`` would, write
+``caught<rank>.json`` (what ``lost_peer`` said with ``catch`` "lost_peer", null with "quiet") and exit with status
+3; rank ``stopper`` SIGSTOPs itself as its collective fails (the test continues it); ``op`` "barrier" loops on
+barriers instead of all_reduces. Each rank writes what
+distinit logs about who went away to ``finding<rank>.json`` (the first such message and its time). Uncaught
+errors end the process as a user's script would (traceback, atexit teardown).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import ctypes
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 import distinit
+from distinit.init import lost_peer
 
 
 def _put(path: Path, text: str) -> None:
@@ -105,7 +111,21 @@ def main() -> None:
         dist.all_reduce(tensor)  # one collective together first, so the others are in the next one
         raise ValueError("a bug in rank's own code")
     while time.monotonic() < end:
-        dist.all_reduce(tensor)
+        try:
+            if spec.get("op") == "barrier":
+                dist.barrier()  # gloo's barrier fails at once on every rank a dead rank leaves behind
+            else:
+                dist.all_reduce(tensor)  # one element: a rank may wait on a live but stopped neighbour
+        except RuntimeError as exc:
+            if rank == spec.get("stopper"):
+                os.kill(os.getpid(), signal.SIGSTOP)  # starved to the extreme: frozen before it reads anything
+            if rank not in spec.get("catchers", ()):
+                raise
+            # As Lightning's settings exchange or a user's `except` does: the error is caught (named through
+            # lost_peer, or not at all: "quiet") and the process ends normally, without an uncaught exception.
+            found = lost_peer(exc) if spec["catch"] == "lost_peer" else None
+            _put(where / f"caught{rank}.json", json.dumps({"found": found}))
+            sys.exit(3)
     raise SystemExit("no collective failed within 180 s")
 
 
