@@ -445,7 +445,7 @@ class Liveness:
                     extra={"distinit": {"event": "init.see_off_ended", "rank": 0, "waiting": waiting}},
                 )
                 return
-            time.sleep(min(0.05, self._beat_every / 4))
+            time.sleep(self._beat_every / 4)  # the watches acknowledge once a beat; each poll reads every rank
 
     def _run(self) -> None:
         try:
