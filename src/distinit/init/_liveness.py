@@ -416,7 +416,8 @@ class Liveness:
         reads it, at its next beat; a rank that said ``bye`` itself or whose process is gone here is not waited
         for. At most ``bound`` s (:meth:`hold`): a survivor starved for longer says "unknown" instead.
         """
-        if self.world_size < 2 or self.store.get(f"beat/{self.rank}") != BYE.encode():
+        own = f"beat/{self.rank}"  # checked first: a get of a key never written waits out the store's timeout
+        if self.world_size < 2 or not self.store.check([own]) or self.store.get(own) != BYE.encode():
             return
         waiting = list(range(1, self.world_size))
         end, logged = time.monotonic() + bound, False
