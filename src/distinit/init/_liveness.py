@@ -871,27 +871,12 @@ class Liveness:
         the watch, or rank 0 answering as setup() returned) less than ``hold`` (and a margin) before the store
         failed: else the mark may have come and gone unseen.
 
-        ``failure``: what the store call raised. A store that closed or refused the connection while rank 0's
-        process (on this host) still runs is a rank 0 on its way out: its exit is waited for, briefly.
+        ``failure``: what the store call raised (:meth:`_exited_here`).
         """
         who = self.describe(0)
         host_pid = self._who.get(0)
         if host_pid is not None and host_pid.partition("|")[0] == self.host:
-            closed = failure is not None and STORE_CLOSED.search(str(failure)) is not None
-            gone = _gone_here(host_pid, self.host)
-            end = time.monotonic() + (EXIT_WAIT if closed else 0.0)
-            while not gone and time.monotonic() < end:
-                time.sleep(0.05)
-                gone = _gone_here(host_pid, self.host)
-            if gone:
-                evidence = "its process is gone"
-            elif closed:
-                evidence = (
-                    f"its process was still running {EXIT_WAIT:.0f} s after the store closed this rank's connection "
-                    f"({first_line(failure or 'no detail')})"
-                )
-            else:
-                evidence = "its process is still running (frozen or busy?)"
+            gone, evidence = self._exited_here(host_pid, failure)
         else:
             gone, evidence = self._port_refuses()
         if not gone:
@@ -927,6 +912,27 @@ class Liveness:
             f"{who}: the store host is gone ({evidence}) and left no finding or exit record (seen without either "
             f"{missed:.1f} s before the store failed): it stopped first"
         )
+
+    def _exited_here(self, host_pid: str, failure: BaseException | None) -> tuple[bool, str]:
+        """Is rank 0's process (``host|pid`` on this host) gone, and in what words?
+
+        A store that closed or refused the connection (``failure``) while the process still runs is a rank 0 on
+        its way out: its exit is waited for, at most :data:`EXIT_WAIT` s.
+        """
+        closed = failure is not None and STORE_CLOSED.search(str(failure)) is not None
+        gone = _gone_here(host_pid, self.host)
+        end = time.monotonic() + (EXIT_WAIT if closed else 0.0)
+        while not gone and time.monotonic() < end:
+            time.sleep(0.05)
+            gone = _gone_here(host_pid, self.host)
+        if gone:
+            return True, "its process is gone"
+        if closed:
+            return False, (
+                f"its process was still running {EXIT_WAIT:.0f} s after the store closed this rank's connection "
+                f"({first_line(failure or 'no detail')})"
+            )
+        return False, "its process is still running (frozen or busy?)"
 
     def _port_refuses(self) -> tuple[bool, str]:
         """Probe MASTER_ADDR:MASTER_PORT a few times (at most ~1.5 s): does nothing serve it any more?"""

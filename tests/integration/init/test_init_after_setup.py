@@ -44,16 +44,21 @@ def _start(rank: int, world: int, port: int, where: Path, **spec: object) -> sub
         )
 
 
+def _wait_ready(procs: list[subprocess.Popen[bytes]], where: Path) -> None:
+    """Until every rank returned from setup() (its ``ready<rank>`` file); fails at once if one exits."""
+    end = time.monotonic() + 150  # three interpreters import torch on a loaded 2-core machine
+    while not all((where / f"ready{r}").exists() for r in range(len(procs))):
+        assert time.monotonic() < end, [p.poll() for p in procs]
+        assert all(p.poll() is None for p in procs), [(where / f"rank{r}.log").read_text() for r in range(len(procs))]
+        time.sleep(0.05)
+
+
 @pytest.mark.timeout(240)
 def test_a_rank_killed_after_setup_is_named_by_the_survivors(tmp_path: Path) -> None:
     port, world = free_port(), 3
     procs = [_start(r, world, port, tmp_path) for r in range(world)]
     try:
-        end = time.monotonic() + 150  # three interpreters import torch on a loaded 2-core machine
-        while not all((tmp_path / f"ready{r}").exists() for r in range(world)):
-            assert time.monotonic() < end, [p.poll() for p in procs]
-            assert all(p.poll() is None for p in procs), [(tmp_path / f"rank{r}.log").read_text() for r in range(world)]
-            time.sleep(0.05)
+        _wait_ready(procs, tmp_path)
         victim = procs[2]
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(timeout=30)
@@ -104,11 +109,7 @@ def _stopped_survivor(tmp_path: Path, **spec: object) -> tuple[list[subprocess.P
     port, world = free_port(), 3
     procs = [_start(r, world, port, tmp_path, stopper=1, op="barrier", **spec) for r in range(world)]
     try:
-        end = time.monotonic() + 150  # three interpreters import torch on a loaded 2-core machine
-        while not all((tmp_path / f"ready{r}").exists() for r in range(world)):
-            assert time.monotonic() < end, [p.poll() for p in procs]
-            assert all(p.poll() is None for p in procs), [(tmp_path / f"rank{r}.log").read_text() for r in range(world)]
-            time.sleep(0.05)
+        _wait_ready(procs, tmp_path)
         victim, starved = procs[2], procs[1]
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(timeout=30)
